@@ -1,0 +1,1 @@
+"""Subcommands of `fsdp-lab`; one module per command (see fsdp_lab.cli)."""

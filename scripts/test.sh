@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs fsdp-lab with its test tools (and Chromium for the browser test) and runs the whole suite:
+# unit and multi-rank tests, every notebook under nbval, the browser test and the CPU benchmark smoke run.
+# pytest's exit code 5 ("no tests collected") is turned into a failure: an empty run must never pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh --test || exit 1
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "warning: could not install chromium; the browser test will say why it is skipped"
+fi
+python3 -m pytest "$@"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "error: pytest collected no tests" >&2
+  exit 1
+fi
+exit "$rc"
