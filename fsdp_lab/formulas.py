@@ -1,0 +1,350 @@
+"""The article's formulas as pure, tested functions, with the article's symbols.
+
+Φ = `phi` (number of parameters), N = `n` (GPUs/ranks), Φ_layer = `phi_layer` (parameters of one wrapped unit).
+Memory is in BYTES; communication in ELEMENTS unless `dtype_bytes` is given. 1 GB = 1e9 bytes, as in the article
+(7B: 16Φ = 112 GB). Where a formula leaves something out, its `*_corrected` twin says what it adds.
+
+[Note: the 16Φ convention] The article counts in fp32: params 4Φ, grads 4Φ, Adam momentum + variance 8Φ. The
+ZeRO paper's mixed-precision convention (2Φ + 2Φ + 12Φ) also totals 16Φ for DDP but splits the stages
+differently; we follow the article. So does the runtime: fp32 master and gradient on the shard, AdamW state.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+GB = 10**9
+_COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch")
+
+
+def _check(**values) -> None:
+    """Counts (n, gpus, layers...) must be positive integers, everything else a positive number
+    (`activation_bytes` may be 0); the error names the argument and the bad value."""
+    for name, v in values.items():
+        if name in _COUNTS and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        zero_ok = name == "activation_bytes"
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+            raise ValueError(f"{name} must be a {'number >= 0' if zero_ok else 'positive number'}, got {v!r}")
+
+
+def _exact(x):
+    """Integral floats become ints so byte counts and ceilings stay exact (7e9 → 7000000000)."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def _sci(x) -> str:
+    return f"{x:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def _ceil_div(a, b) -> int:
+    a, b = _exact(a), _exact(b)
+    return -(-a // b) if isinstance(a, int) and isinstance(b, int) else math.ceil(a / b)
+
+
+def _elements_or_bytes(elements, dtype_bytes):
+    if dtype_bytes is None:
+        return elements
+    _check(dtype_bytes=dtype_bytes)
+    return elements * dtype_bytes
+
+
+# -- 核心思想 / 分片机制 / 前反流程 ---------------------------------------------------------------------------
+def m_param(phi, n):
+    """M_param = 4Φ/N: fp32 parameter bytes each rank keeps once sharded (7B on 8 GPUs: 3.5 GB)."""
+    _check(phi=phi, n=n)
+    return 4 * phi / n
+
+
+def c_gather(phi_layer, n, dtype_bytes=None):
+    """C_gather = Φ_layer·(N−1)/N ≈ Φ_layer: what a rank fetches to assemble one unit (it holds 1/N already)."""
+    _check(phi_layer=phi_layer, n=n)
+    return _elements_or_bytes(phi_layer * (n - 1) / n, dtype_bytes)
+
+
+def c_step(phi, dtype_bytes=None):
+    """C_step = C_fwd + C_bwd + C_grad ≈ 3Φ (article): gather, re-gather, reduce-scatter, with (N−1)/N ≈ 1."""
+    _check(phi=phi)
+    return _elements_or_bytes(3 * phi, dtype_bytes)
+
+
+def c_step_exact(phi, n, dtype_bytes=None):
+    """3Φ·(N−1)/N: what two ring all-gathers and one ring reduce-scatter really send per rank per step."""
+    _check(phi=phi, n=n)
+    return _elements_or_bytes(3 * phi * (n - 1) / n, dtype_bytes)
+
+
+def c_ddp(phi, n, dtype_bytes=None):
+    """C_DDP = 2Φ·(N−1)/N: a ring all-reduce is a reduce-scatter plus an all-gather of the gradients."""
+    _check(phi=phi, n=n)
+    return _elements_or_bytes(2 * phi * (n - 1) / n, dtype_bytes)
+
+
+def comm_ratio_fsdp_vs_ddp(n):
+    """C_step / C_DDP = 3Φ(N−1)/N ÷ 2Φ(N−1)/N = 1.5 for N ≥ 2 (quiz Q8). At N = 1 nothing is sent: we raise."""
+    _check(n=n)
+    if n == 1:
+        raise ValueError("the comm ratio needs n >= 2: with n=1 neither FSDP nor DDP communicates")
+    return c_step_exact(1, n) / c_ddp(1, n)
+
+
+# -- 混合精度 / ZeRO对比 / 工程实践 / 适用场景 ------------------------------------------------------------------
+def m_fsdp(phi, n, phi_layer):
+    """M_FSDP = 4Φ/N + 8Φ/N + 2Φ_layer (article): master shard, Adam shard, the unit's bf16 working copy.
+    Leaves out the fp32 gradient shard 4Φ/N: see m_fsdp_corrected."""
+    _check(phi=phi, n=n, phi_layer=phi_layer)
+    return 4 * phi / n + 8 * phi / n + 2 * phi_layer
+
+
+def m_ddp(phi):
+    """M_DDP = 4Φ + 4Φ + 8Φ = 16Φ: fp32 params, grads and Adam state, all of it on every GPU."""
+    _check(phi=phi)
+    return 16 * phi
+
+
+def m_zero1(phi, n):
+    """M_ZeRO-1 = 4Φ + 4Φ + 8Φ/N: only the Adam state is sharded."""
+    _check(phi=phi, n=n)
+    return 4 * phi + 4 * phi + 8 * phi / n
+
+
+def m_zero2(phi, n):
+    """M_ZeRO-2 = 4Φ + 12Φ/N: fp32 params replicated; grads (4Φ/N) and Adam state (8Φ/N) sharded. (torch's
+    SHARD_GRAD_OP also shards params between steps: runtime_state_bytes says what the runtime holds.)"""
+    _check(phi=phi, n=n)
+    return 4 * phi + 12 * phi / n
+
+
+def m_zero3(phi, n):
+    """M_ZeRO-3 = 16Φ/N: params, grads and Adam state all sharded (7B on 8 GPUs: 14 GB)."""
+    _check(phi=phi, n=n)
+    return 16 * phi / n
+
+
+def m_peak(phi, n, phi_layer):
+    """M_peak = 4Φ_layer + 12Φ/N (article): the unit's bf16 params + grads, master + Adam shards.
+    Leaves out the fp32 gradient shard 4Φ/N and the activations: see m_peak_corrected."""
+    _check(phi=phi, n=n, phi_layer=phi_layer)
+    return 4 * phi_layer + 12 * phi / n
+
+
+def n_min(phi, gpu_mem_bytes):
+    """N_min = ⌈16Φ / M_GPU⌉: fewest GPUs that hold the 16Φ state (7B, 80 GB: ⌈1.4⌉ = 2); no activations."""
+    _check(phi=phi, gpu_mem_bytes=gpu_mem_bytes)
+    return _ceil_div(16 * _exact(phi), gpu_mem_bytes)
+
+
+def m_fsdp_corrected(phi, n, phi_layer, activation_bytes=0, param_bytes=2):
+    """M_FSDP + what it leaves out = 16Φ/N + param_bytes·Φ_layer + activations: adds the sharded fp32 gradient
+    4Φ/N (alive from backward to the optimizer step) and activations; param_bytes generalises bf16's "2"."""
+    _check(phi=phi, n=n, phi_layer=phi_layer, param_bytes=param_bytes, activation_bytes=activation_bytes)
+    return 16 * phi / n + param_bytes * phi_layer + activation_bytes
+
+
+def m_peak_corrected(phi, n, phi_layer, activation_bytes=0, param_bytes=2, prefetch=False):
+    """M_peak + what it leaves out = 16Φ/N + param_bytes·Φ_layer·(2 if prefetch else 1) + param_bytes·Φ_layer
+    + activations: adds the sharded fp32 gradient 4Φ/N and activations. With prefetch the next unit is gathered
+    while the current one computes: two units' parameters are alive (the prefetched one has no gradient yet)."""
+    _check(phi=phi, n=n, phi_layer=phi_layer, param_bytes=param_bytes, activation_bytes=activation_bytes)
+    copies = 2 if prefetch else 1
+    return 16 * phi / n + param_bytes * phi_layer * copies + param_bytes * phi_layer + activation_bytes
+
+
+def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute=False):
+    """Bytes one transformer layer keeps for backward, 16-bit activations: s·b·h·(34 + 5·a·s/h).
+
+    Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1
+    (no tensor/sequence parallelism): 34sbh = attention 11 + MLP 19 + two layer norms 4 (1-byte dropout masks);
+    5as²b = attention scores, softmax, its dropout. Full recompute keeps only the layer input: 2·s·b·h."""
+    _check(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads)
+    s, b, h, a = seq_len, micro_batch, hidden, heads
+    if recompute:
+        return 2 * s * b * h
+    return 34 * s * b * h + 5 * a * s * s * b  # = s·b·h·(34 + 5as/h), exact in integers
+
+
+# -- what the fsdp_lab runtime holds and sends -----------------------------------------------------------------
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD")
+
+
+def _strategy(strategy, numel, n) -> str:
+    """Checks a runtime strategy (name or ShardingStrategy member) and the padded element count P."""
+    name = str(getattr(strategy, "name", strategy)).upper()
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
+    _check(n=n)
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+        raise ValueError(f"numel_padded_total must be a positive integer, got {numel!r}")
+    if name != "NO_SHARD" and numel % n:
+        raise ValueError(f"{name}: numel_padded_total={numel} is not a multiple of n={n}; pad each unit to it")
+    return name
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Persistent bytes per rank between optimizer steps: fp32 master params, fp32 grads, AdamW state."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def runtime_state_bytes(strategy, numel_padded_total, n) -> StateBytes:
+    """EXACT bytes per rank the runtime holds between steps (AdamW; fp32 masters and grads whatever the mixed
+    precision). P = sum over units of the flat numel padded to a multiple of n.
+    FULL_SHARD, SHARD_GRAD_OP: 4P/N, 4P/N, 8P/N. ZERO1: 4P, 4P, 8P/N. NO_SHARD: 4P, 4P, 8P (P unpadded)."""
+    s, p = _strategy(strategy, numel_padded_total, n), numel_padded_total
+    if s in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return StateBytes(4 * p // n, 4 * p // n, 8 * p // n)
+    return StateBytes(4 * p, 4 * p, 8 * p // n if s == "ZERO1" else 8 * p)
+
+
+def unsharded_peak_bytes(largest_unit_numel_padded, param_bytes, prefetch) -> int:
+    """Gathered-parameter bytes alive at once: the largest unit in `param_bytes`, twice with prefetch."""
+    _strategy("NO_SHARD", largest_unit_numel_padded, 1), _check(param_bytes=param_bytes)
+    return largest_unit_numel_padded * param_bytes * (2 if prefetch else 1)
+
+
+def comm_bytes_per_step(strategy, numel_padded_total, n, param_bytes, reduce_bytes, *, master_bytes=4):
+    """Bytes SENT per rank per step.
+
+    [Note: ring convention] In a ring all-gather or reduce-scatter of P elements each rank sends N−1 chunks of
+    P/N: (N−1)/N·P. A ring all-reduce is both: 2·(N−1)/N·P. FULL_SHARD: gather (fwd) + re-gather (bwd) in
+    param_bytes + reduce-scatter in reduce_bytes. SHARD_GRAD_OP: one gather + one reduce-scatter. NO_SHARD:
+    all-reduce in reduce_bytes. ZERO1: all-reduce of grads in reduce_bytes + all-gather of the updated fp32
+    masters in `master_bytes` (replicas must stay identical, so they travel at full precision)."""
+    s, p = _strategy(strategy, numel_padded_total, n), numel_padded_total
+    _check(param_bytes=param_bytes, reduce_bytes=reduce_bytes, master_bytes=master_bytes)
+    if s == "NO_SHARD":  # P may be unpadded: ring chunks are then uneven and (N−1)/N·P is their mean
+        total = 2 * (n - 1) * p * reduce_bytes
+        return _exact(total // n if total % n == 0 else total / n)
+    gathers, gather_bytes, reduces = {"FULL_SHARD": (2, param_bytes, 1), "SHARD_GRAD_OP": (1, param_bytes, 1),
+                                      "ZERO1": (1, master_bytes, 2)}[s]
+    return _exact((n - 1) * (p // n) * (gathers * gather_bytes + reduces * reduce_bytes))
+
+
+# -- 适用场景: the GPU planner ---------------------------------------------------------------------------------
+STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+_STAGE = {"DDP": "DDP", "NOSHARD": "DDP", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2", "SHARDGRADOP": "ZeRO-2",
+          "ZERO3": "ZeRO-3", "FULLSHARD": "ZeRO-3", "FSDP": "ZeRO-3"}
+_SPLIT = {"DDP": (0, 16), "ZeRO-1": (8, 8), "ZeRO-2": (12, 4), "ZeRO-3": (16, 0)}  # bytes/param: sharded, kept
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _stage(strategy) -> str:
+    key = str(getattr(strategy, "name", strategy)).upper().replace("-", "").replace("_", "")
+    if key not in _STAGE:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of: {', '.join(STAGES + STRATEGIES)}")
+    return _STAGE[key]
+
+
+def llama_like_shape(phi, layers=None, hidden=None, heads=None):
+    """Fills in a LLaMA-like (layers, hidden, heads) from Φ ≈ 12·layers·hidden², head size 128. With neither
+    given: hidden = 128·layers, layers a multiple of 8 from 16 up (7e9 → 32, 4096, 32; 13e9 → 40, 5120, 40)."""
+    if layers is None and hidden is None:
+        raw = (phi / (12 * 128**2)) ** (1 / 3)
+        layers = round(raw / 8) * 8 if raw >= 16 else max(1, round(raw))
+        hidden = 128 * layers
+    elif hidden is None:
+        hidden = max(128, round((phi / (12 * layers)) ** 0.5 / 128) * 128)
+    elif layers is None:
+        layers = max(1, round(phi / (12 * hidden**2)))
+    return layers, hidden, heads if heads is not None else max(1, hidden // 128)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-GPU bytes of each ZeRO stage for Φ on N GPUs, and how many GPUs the chosen stage needs.
+
+    `*_bytes`: the article's state (16Φ convention). A stage's peak adds one unit's working copies (params +
+    grads in the compute dtype, params twice with prefetch) and one micro-batch's activations, the same on every
+    GPU whatever the stage. n_min is the article's; n_min_with_activations leaves room for the peak;
+    n_min_with_reserve also keeps `reserve_fraction` of each card free (CUDA context, communication buffers,
+    allocator fragmentation). None: no number of GPUs is enough."""
+
+    params: int
+    gpus: int
+    gpu_mem_bytes: int
+    strategy: str
+    precision: str
+    seq_len: int
+    micro_batch: int
+    layers: int
+    hidden: int
+    heads: int
+    recompute: bool
+    prefetch: bool
+    reserve_fraction: float
+    assumptions: str
+    phi_layer: int
+    activation_bytes: int
+    working_bytes: int
+    ddp_bytes: int
+    zero1_bytes: int
+    zero2_bytes: int
+    zero3_bytes: int
+    n_min: int
+    n_min_with_activations: int | None
+    n_min_with_reserve: int | None
+
+    def __post_init__(self):
+        _check(**{k: getattr(self, k) for k in ("params", "gpus", "gpu_mem_bytes", "seq_len", "micro_batch",
+                                                  "layers", "hidden", "heads")})
+        if not 0 <= self.reserve_fraction < 1:
+            raise ValueError(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction!r}")
+
+    def state_bytes(self, stage) -> int:
+        return {"DDP": self.ddp_bytes, "ZeRO-1": self.zero1_bytes, "ZeRO-2": self.zero2_bytes,
+                "ZeRO-3": self.zero3_bytes}[_stage(stage)]
+
+    def peak_bytes(self, stage) -> int:
+        return self.state_bytes(stage) + self.working_bytes + self.activation_bytes
+
+    def fits(self, stage, with_activations=True) -> bool:
+        return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
+
+    def rows(self):
+        """(stage, state bytes, peak bytes, state fits, peak fits) per stage, DDP first."""
+        return tuple((s, self.state_bytes(s), self.peak_bytes(s), self.fits(s, False), self.fits(s)) for s in STAGES)
+
+
+def _gpus_needed(stage, phi, fixed_bytes, usable_bytes):
+    """Smallest N with sharded·Φ/N + kept·Φ + fixed ≤ usable; None when even N → ∞ is not enough."""
+    sharded, kept = _SPLIT[stage]
+    room = usable_bytes - kept * phi - fixed_bytes
+    if room < 0 or (room == 0 and sharded):
+        return None
+    return max(1, _ceil_div(sharded * phi, room)) if sharded else 1
+
+
+def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
+         layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2) -> Plan:
+    """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
+    name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
+    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape."""
+    given = {k: v for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
+    _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, **given)
+    stage = _stage(strategy)
+    if not (isinstance(reserve_fraction, Real) and 0 <= reserve_fraction < 1):
+        raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"unknown precision {precision!r}; expected one of: {', '.join(PRECISION_BYTES)}")
+    phi, mem = _exact(params), _exact(gpu_mem_gb * GB)
+    layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
+    derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
+    assumptions = (f"LLaMA-like shape derived from Φ≈12·layers·hidden² (head size 128): {', '.join(derived)}; "
+                   f"12·{layers}·{hidden}² = {_sci(12 * layers * hidden**2)} of Φ = {_sci(phi)} sits in the blocks"
+                   if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
+    pb = PRECISION_BYTES[precision]
+    phi_layer = 12 * hidden**2
+    act = layers * activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute) * pb // 2
+    working = pb * phi_layer * (2 if prefetch else 1) + pb * phi_layer
+    state = [math.ceil(_exact(f)) for f in (m_ddp(phi), m_zero1(phi, gpus), m_zero2(phi, gpus), m_zero3(phi, gpus))]
+    return Plan(phi, gpus, mem, stage, precision, seq_len, micro_batch, layers, hidden, heads, bool(recompute),
+                bool(prefetch), reserve_fraction, assumptions, phi_layer, act, working, *state, n_min(phi, mem),
+                *(_gpus_needed(stage, phi, working + act, u) for u in (mem, mem * (1 - reserve_fraction))))

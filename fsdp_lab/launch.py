@@ -1,0 +1,86 @@
+"""Run a function on N real processes joined by a gloo (or NCCL) process group, from a test, a notebook or the CLI.
+
+Ranks are spawned (not forked), so the function must be importable by module path: define it in a package
+module, not in a notebook cell. A rank that raises, dies or hangs fails the whole run within `timeout_s` with its
+traceback or exit code in the message, and every other rank is killed: nothing is left running.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+
+class RankFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results):
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(threads)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
+        try:
+            out = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        # Plain pickle bytes: torch's queue would share tensors by file descriptor, gone once the rank exits.
+        results.put(("ok", rank, pickle.dumps(out)))
+    except BaseException:  # report everything, including KeyboardInterrupt, to the parent
+        results.put(("error", rank, traceback.format_exc()))
+
+
+def run_on_ranks(fn, world_size: int, *args, timeout_s: float = 180.0, backend: str = "gloo",
+                 collective_timeout_s: float = 60.0, threads_per_rank: int | None = None) -> list:
+    """Call fn(rank, world_size, *args) on `world_size` processes; return their results ordered by rank."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, collective_timeout_s, threads,
+                                                args, results), daemon=True) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    outputs, deadline = {}, time.monotonic() + timeout_s
+    try:
+        while len(outputs) < world_size:
+            try:
+                status, rank, payload = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in outputs]
+                if dead:
+                    codes = {r: procs[r].exitcode for r in dead}
+                    raise RankFailed(f"rank(s) {dead} died without reporting (exit codes {codes})")
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(outputs))
+                    raise TimeoutError(f"ranks {missing} did not finish within {timeout_s:.0f} s; all ranks killed")
+                continue
+            if status == "error":
+                raise RankFailed(f"rank {rank} of {world_size} failed:\n{payload}")
+            outputs[rank] = pickle.loads(payload)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=10)
+    return [outputs[r] for r in range(world_size)]

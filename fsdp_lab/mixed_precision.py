@@ -1,0 +1,39 @@
+"""The mixed-precision policy (same name and fields as torch's FSDP1 MixedPrecision).
+
+The fp32 shard is always the master copy the optimizer updates. `param_dtype` is what the all-gather carries and
+what compute sees; the shard is cast *before* the collective, so a bf16 policy halves the bytes on the wire.
+`reduce_dtype` is what the gradient reduce-scatter carries; the result is stored in fp32 on the shard.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    buffer_dtype: Optional[torch.dtype] = None
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self):
+        for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, torch.dtype) or not value.is_floating_point):
+                raise ValueError(f"MixedPrecision.{field} must be a floating torch.dtype, got {value!r}")
+
+
+FULL_PRECISION = MixedPrecision()
+
+
+def compute_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) -> torch.dtype:
+    return (policy.param_dtype if policy and policy.param_dtype else master_dtype)
+
+
+def reduce_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) -> torch.dtype:
+    if policy and policy.reduce_dtype:
+        return policy.reduce_dtype
+    return compute_dtype(policy, master_dtype)

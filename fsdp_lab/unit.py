@@ -1,0 +1,285 @@
+"""One wrapped unit: its state machine and the hooks that drive the article's four beats.
+
+    forward:  gather (all-gather) → compute → free          (free only under FULL_SHARD)
+    backward: re-gather → compute gradients → reduce-scatter → free
+
+[Note: when a unit's backward is over] The unsharded trainable buffer `full` is an autograd leaf; every original
+parameter is a view of it. Autograd calls the leaf's post-accumulate-grad hook once per backward, after every use
+of the unit (also when it ran several forwards) has produced its gradient: that is when the gradient is complete,
+so that is when we reduce it and free the parameters. A unit with frozen parameters also waits until the
+gradients of its inputs exist (a pass-through autograd node on its inputs), since computing those still reads
+the frozen weights. If neither signal can fire, the root's end-of-backward callback frees the unit.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from fsdp_lab.collectives import (NO_COMM, CommBytes, PendingWork, all_gather_flat, all_reduce_mean,
+                                  reduce_scatter_mean)
+from fsdp_lab.strategy import BackwardPrefetch, ShardingStrategy
+
+
+class UnitState(enum.Enum):
+    SHARDED = "SHARDED"
+    """Only this rank's shard is live; the unsharded buffer has 0 bytes (or, for replicated strategies, must be
+    refreshed from the masters before the next compute)."""
+    GATHERING = "GATHERING"
+    """An all-gather into the unsharded buffer is in flight (prefetch); wait before computing."""
+    UNSHARDED = "UNSHARDED"
+    """The unit's full parameters are live and the module's attributes are views of them."""
+
+
+_TRANSITIONS = {
+    (UnitState.SHARDED, "gather"): UnitState.GATHERING,
+    (UnitState.GATHERING, "gathered"): UnitState.UNSHARDED,
+    (UnitState.UNSHARDED, "free"): UnitState.SHARDED,
+}
+
+
+class _InputsGradReady(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once the unit's whole backward is done."""
+
+    @staticmethod
+    def forward(ctx, unit, *tensors):
+        ctx.unit = unit
+        return tensors if len(tensors) > 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.unit._on_inputs_grad_ready()
+        return (None, *grads)
+
+
+class Unit:
+    def __init__(self, name: str, module: torch.nn.Module, groups: list, ctx, is_root: bool):
+        self.name, self.module, self.groups, self.ctx, self.is_root = name, module, groups, ctx, is_root
+        self.state = UnitState.SHARDED
+        self._pending = []  # gathers in flight: PendingWork objects
+        self._backward_pending = False
+        self._reduced = False
+        self._reduced_groups = set()
+        self._inputs_marker = False
+        self._inputs_grad_ready = False
+        self._backward_started = False
+        for group in self.trainable_groups:
+            group.full.register_post_accumulate_grad_hook(lambda full, g=group: self._on_grad_ready(g))
+        for group in groups:
+            group.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
+            group.replica_grad = None  # ZeRO-1: the replicated, all-reduced fp32 gradient
+        if any(g.persistent_full for g in groups):
+            for g in groups:
+                g.install_views()
+
+    @property
+    def trainable_groups(self):
+        return [g for g in self.groups if g.requires_grad]
+
+    @property
+    def frozen_groups(self):
+        return [g for g in self.groups if not g.requires_grad]
+
+    def __repr__(self):
+        return f"Unit({self.name!r}, {self.state.name})"
+
+    # -- the state machine ---------------------------------------------------------------------------------
+    def _transition(self, event: str) -> None:
+        nxt = _TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            raise RuntimeError(f"FSDP unit '{self.name}': event '{event}' is not allowed in state "
+                               f"{self.state.name}")
+        self.state = nxt
+
+    def gather(self, phase: str, async_op: bool = False) -> None:
+        """Start the all-gather of every group (copy-in casts the fp32 shard to the compute dtype)."""
+        if self.state is not UnitState.SHARDED:
+            return
+        self._transition("gather")
+        event = "regather" if phase == "backward" else "gather"
+        self.ctx.emit(f"{event}_start", self.name, phase)
+        total_sent, total_recv = 0, 0
+        for group in self.groups:
+            work, comm = self._gather_group(group, async_op)
+            self._pending.append(work)
+            total_sent, total_recv = total_sent + comm.sent, total_recv + comm.received
+        self._gather_comm = (event, phase, total_sent, total_recv)
+        if not async_op:
+            self.wait_gathered()
+
+    def _gather_group(self, group, async_op):
+        strategy = self.ctx.strategy
+        with torch.no_grad():
+            if strategy is ShardingStrategy.NO_SHARD:
+                if not group.persistent_full:
+                    group.alloc_full().copy_(group.shard.detach())
+                return PendingWork(None), NO_COMM
+            if strategy is ShardingStrategy.ZERO1:
+                work, comm = all_gather_flat(group.replica.data, group.shard.detach().clone(), self.ctx.group,
+                                             self.ctx.world_size, async_op)
+                if not group.persistent_full:
+                    work.wait()
+                    group.alloc_full().copy_(group.replica.data)
+                return work, comm
+            send = group.shard.detach().to(group.compute_dtype)
+            return all_gather_flat(group.alloc_full(), send, self.ctx.group, self.ctx.world_size, async_op)
+
+    def wait_gathered(self) -> None:
+        if self.state is not UnitState.GATHERING:
+            return
+        for work in self._pending:
+            work.wait()
+        self._pending.clear()
+        self._transition("gathered")
+        event, phase, sent, recv = self._gather_comm
+        self.ctx.emit(f"{event}_end", self.name, phase, CommBytes(sent, recv))
+
+    def ensure_unsharded(self, phase: str) -> None:
+        if self.state is UnitState.SHARDED:
+            self.gather(phase)
+        self.wait_gathered()
+
+    def free(self, phase: str) -> None:
+        if self.state is UnitState.GATHERING:
+            self.wait_gathered()
+        if self.state is not UnitState.UNSHARDED:
+            return
+        for group in self.groups:
+            group.free_full()
+        self._transition("free")
+        self.ctx.emit("free", self.name, phase)
+
+    # -- forward -------------------------------------------------------------------------------------------
+    def pre_forward(self, module, args, kwargs):
+        recompute = self.ctx.in_backward  # activation checkpointing re-runs forward inside backward
+        self.ensure_unsharded("backward" if recompute else "forward")
+        if not recompute:
+            self.ctx.record_forward(self)
+            self._prefetch(self.ctx.neighbour(self, +1) if self.ctx.forward_prefetch else None, "forward")
+        for group in self.groups:
+            group.install_views()
+        self.ctx.emit("forward_start", self.name, "backward" if recompute else "forward")
+        if self.frozen_groups and torch.is_grad_enabled() and not recompute:
+            return self._mark_inputs(args, kwargs)
+        return None
+
+    def _mark_inputs(self, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        self._inputs_marker = bool(idx)
+        if not idx:
+            return None
+        marked = _InputsGradReady.apply(self, *[flat[i] for i in idx])
+        marked = marked if isinstance(marked, tuple) else (marked,)
+        for i, t in zip(idx, marked):
+            flat[i] = t
+        return tree_unflatten(flat, spec)
+
+    def post_forward(self, module, args, output):
+        recompute = self.ctx.in_backward
+        self.ctx.emit("forward_end", self.name, "backward" if recompute else "forward")
+        if recompute:
+            return output
+        hooked = False
+        if torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._pre_backward_hook)
+                    hooked = True
+        if hooked:
+            self._backward_pending = True
+            self._reduced = self._inputs_grad_ready = self._backward_started = False
+            self._reduced_groups.clear()
+        if not hooked or (self.ctx.strategy.frees_after_forward and not self.is_root):
+            self.free("forward")
+        return output
+
+    # -- backward ------------------------------------------------------------------------------------------
+    def _pre_backward_hook(self, grad):
+        if not self._backward_pending:
+            raise RuntimeError(
+                f"FSDP unit '{self.name}': a second backward reached parameters that were freed and whose "
+                f"gradients were already reduce-scattered by the first backward. Run forward again before each "
+                f"backward (retain_graph=True cannot bring freed shards back).")
+        if self.ctx.on_backward_start is not None:
+            self.ctx.on_backward_start()
+        if not self._backward_started:
+            self._backward_started = True
+            self.ensure_unsharded("backward")
+            self.ctx.emit("backward_start", self.name, "backward")
+            if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
+                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+        return grad
+
+    def _prefetch(self, unit, phase):
+        if unit is None or unit.state is not UnitState.SHARDED:
+            return
+        if phase == "backward" and not unit._backward_pending:
+            return
+        in_flight = sum(1 for u in self.ctx.forward_order if u.state is UnitState.GATHERING)
+        if in_flight < self.ctx.max_gathers_in_flight:
+            unit.gather(phase, async_op=self.ctx.async_comm)
+
+    def _on_grad_ready(self, group) -> None:
+        grad, group.full.grad = group.full.grad, None
+        self._reduce(group, grad)
+        self._reduced_groups.add(id(group))
+        if len(self._reduced_groups) == len(self.trainable_groups):
+            self._reduced = True
+            if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
+                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+            self._maybe_finish_backward()
+
+    def _on_inputs_grad_ready(self) -> None:
+        self._inputs_grad_ready = True
+        self._maybe_finish_backward()
+
+    def _maybe_finish_backward(self) -> None:
+        needs_reduce = bool(self.trainable_groups) and not self._reduced
+        needs_inputs = bool(self.frozen_groups) and self._inputs_marker and not self._inputs_grad_ready
+        if self._backward_pending and not needs_reduce and not needs_inputs:
+            self._backward_pending = False
+            self.free("backward")
+
+    def finish_backward(self) -> None:
+        """Root's end-of-backward duty: free whatever no hook could free (unused or frozen-only units)."""
+        if self.state is not UnitState.SHARDED:
+            self.free("backward")
+        self._backward_pending = False
+
+    def _reduce(self, group, grad) -> None:
+        ctx = self.ctx
+        if grad is None:
+            return
+        if not ctx.sync_gradients:  # no_sync(): keep the local gradient, communicate nothing
+            if group.full is group.shard:
+                group.shard.grad = grad
+            else:
+                stash = group.grad_stash
+                group.grad_stash = grad.float() if stash is None else stash.add_(grad)
+            return
+        if group.grad_stash is not None:
+            grad, group.grad_stash = group.grad_stash.add_(grad), None
+        strategy = ctx.strategy
+        if strategy.shards_params:
+            work, comm, out = reduce_scatter_mean(grad, ctx.group, ctx.world_size, ctx.reduce_dtype)
+            event = "reduce_scatter"
+        else:
+            work, comm, out = all_reduce_mean(grad, ctx.group, ctx.world_size, ctx.reduce_dtype)
+            event = "all_reduce"
+        work.wait()
+        with torch.no_grad():
+            if strategy is ShardingStrategy.ZERO1:
+                if group.replica_grad is None:
+                    group.replica_grad = torch.zeros_like(group.replica)
+                if group.shard.grad is None:
+                    group.replica_grad.copy_(out)
+                else:
+                    group.replica_grad.add_(out)
+                group.shard.grad = group.my_chunk(group.replica_grad)
+            elif group.shard.grad is None:
+                group.shard.grad = out.to(group.shard.dtype)
+            else:
+                group.shard.grad.add_(out)
+        ctx.emit(event, self.name, "backward", comm)
