@@ -1,0 +1,99 @@
+"""`fsdp-lab quiz [CHAPTER]`: the self-graded quiz in a terminal, answers read from stdin."""
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from pathlib import Path
+
+NAME = "quiz"
+HELP = ("Take a chapter's self-graded quiz in the terminal (chapter 10: the article's ten interview questions). "
+        "Without CHAPTER, list the chapters and your best scores.")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("chapter", nargs="?", help="01..10, or a name such as 'interview' or '05-zero'")
+    parser.add_argument("--lang", choices=("zh", "en"), default="en", help="language of questions and feedback")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="shuffle the options with this seed (default: the order as written)")
+    parser.add_argument("--progress", type=Path, default=None, metavar="PATH",
+                        help="progress file (default: ~/.fsdp-lab/progress.json)")
+    parser.add_argument("--name", default=None, help="learner name saved with the results "
+                                                     "(default: the one already in the file, else your login)")
+    parser.add_argument("--bank", type=Path, default=None, metavar="DIR",
+                        help="question bank directory (default: quizzes/ of this checkout)")
+
+
+def _utf8_safe(stream) -> None:
+    """Chinese text on a terminal that is not UTF-8 prints as escapes instead of crashing."""
+    if (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8" and hasattr(stream, "reconfigure"):
+        stream.reconfigure(errors="backslashreplace")
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no login name in some containers
+        return "learner"
+
+
+def _list(args, progress) -> int:
+    from fsdp_lab.quiz.loader import load_bank
+    from fsdp_lab.quiz.messages import msg, points
+
+    bank = load_bank(args.bank)
+    print(msg(args.lang, "chapters"))
+    for key, chapter in bank.items():
+        tries = [a for a in progress.attempts if a.chapter == key]
+        status = (msg(args.lang, "best", score=points(max(a.score for a in tries)), max=len(chapter.questions),
+                      attempts=len(tries)) if tries else msg(args.lang, "never"))
+        print(f"  {key}  {chapter.title.get(args.lang)} ({len(chapter.questions)}) — {status}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from fsdp_lab.quiz.errors import QuizFileError
+    from fsdp_lab.quiz.loader import chapter_key, load_chapter_by_key
+    from fsdp_lab.quiz.messages import msg, points
+    from fsdp_lab.quiz.progress import ProgressStore
+    from fsdp_lab.quiz.session import QuizRun
+    from fsdp_lab.quiz.terminal import run_terminal
+
+    _utf8_safe(sys.stdout), _utf8_safe(sys.stderr)
+    store = ProgressStore(args.progress)
+    try:
+        progress, notice = store.load(args.name)
+    except OSError as exc:
+        print(f"fsdp-lab quiz: cannot read {store.path}: {exc}", file=sys.stderr)
+        return 1
+    if notice:
+        print(notice, file=sys.stderr)
+    try:
+        if args.chapter is None:
+            return _list(args, progress)
+        key = chapter_key(args.chapter)
+    except QuizFileError as exc:
+        print(f"fsdp-lab quiz: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"fsdp-lab quiz: {exc}", file=sys.stderr)
+        return 2
+    try:
+        chapter = load_chapter_by_key(key, args.bank)
+    except QuizFileError as exc:
+        print(f"fsdp-lab quiz: {exc}", file=sys.stderr)
+        return 1
+    quiz = QuizRun(chapter, args.lang, args.seed)
+    finished = run_terminal(quiz, sys.stdin, sys.stdout, echo=not sys.stdin.isatty())
+    if not finished:
+        print(msg(args.lang, "eof", answered=len(quiz.answers), total=len(quiz), score=points(quiz.score),
+                  max=quiz.max_score))
+    try:
+        notice = store.record(quiz.attempt(), args.name or progress.learner or _login())
+    except OSError as exc:
+        print(msg(args.lang, "not_saved", reason=exc), file=sys.stderr)
+        return 1
+    if notice:
+        print(notice, file=sys.stderr)
+    print(msg(args.lang, "saved", path=store.path))
+    return 0
