@@ -69,6 +69,7 @@ class Unit:
         for group in groups:
             group.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
             group.replica_grad = None  # ZeRO-1: the replicated, all-reduced fp32 gradient
+            group.replica_version = group.shard._version  # ZeRO-1: shard version the replica reflects
         if any(g.persistent_full for g in groups):
             for g in groups:
                 g.install_views()
@@ -80,6 +81,10 @@ class Unit:
     @property
     def frozen_groups(self):
         return [g for g in self.groups if not g.requires_grad]
+
+    def full_storage_sizes(self) -> list[int]:
+        """Bytes of storage behind each group's unsharded buffer: 0 once freed."""
+        return [g.full.untyped_storage().size() for g in self.groups]
 
     def __repr__(self):
         return f"Unit({self.name!r}, {self.state.name})"
@@ -116,8 +121,12 @@ class Unit:
                     group.alloc_full().copy_(group.shard.detach())
                 return PendingWork(None), NO_COMM
             if strategy is ShardingStrategy.ZERO1:
-                work, comm = all_gather_flat(group.replica.data, group.shard.detach().clone(), self.ctx.group,
-                                             self.ctx.world_size, async_op)
+                # Replicas are stale only after the optimizer changed the shards (bumping their version).
+                work, comm = PendingWork(None), NO_COMM
+                if group.shard._version != group.replica_version:
+                    group.replica_version = group.shard._version
+                    work, comm = all_gather_flat(group.replica.data, group.shard.detach().clone(),
+                                                 self.ctx.group, self.ctx.world_size, async_op)
                 if not group.persistent_full:
                     work.wait()
                     group.alloc_full().copy_(group.replica.data)

@@ -1,0 +1,44 @@
+"""Every misuse gets an error that names the unit (or option) and the problem."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsdp_lab import FSDP
+from fsdp_lab.launch import run_on_ranks
+from ranks_features import error_cases
+
+
+@pytest.fixture(scope="module")
+def messages():
+    return run_on_ranks(error_cases, 1, timeout_s=120)[0]
+
+
+def test_weight_tied_across_two_units(messages):
+    msg = messages["tied_across"]
+    assert msg.startswith("ValueError") and "blocks.0" in msg and "blocks.1" in msg and "tied" in msg
+
+
+def test_no_process_group():
+    with pytest.raises(RuntimeError, match="initialised process group"):
+        FSDP(torch.nn.Linear(2, 2))
+
+
+def test_module_on_meta_device(messages):
+    assert messages["meta_device"].startswith("ValueError") and "meta device" in messages["meta_device"]
+
+
+def test_module_on_several_devices(messages):
+    msg = messages["mixed_device"]
+    assert msg.startswith("ValueError") and ("meta" in msg or "several devices" in msg)
+
+
+def test_unknown_strategy_and_policy(messages):
+    assert "unknown sharding_strategy 'HYBRID_ZERO9'" in messages["unknown_strategy"]
+    assert "FULL_SHARD" in messages["unknown_strategy"]
+    assert "unknown auto_wrap_policy 42" in messages["unknown_policy"]
+
+
+def test_second_backward_through_freed_parameters(messages):
+    msg = messages["second_backward"]
+    assert msg.startswith("RuntimeError") and "second backward" in msg and "FSDP unit '" in msg
