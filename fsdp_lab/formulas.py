@@ -15,13 +15,16 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 GB = 10**9
-_COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch")
+_COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch", "numel_padded_total",
+           "largest_unit_numel_padded")
 
 
 def _check(**values) -> None:
     """Counts (n, gpus, layers...) must be positive integers, everything else a positive number
-    (`activation_bytes` may be 0); the error names the argument and the bad value."""
+    (`activation_bytes` may be 0); None means "not given". The error names the argument and the bad value."""
     for name, v in values.items():
+        if v is None:
+            continue
         if name in _COUNTS and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
         zero_ok = name == "activation_bytes"
@@ -34,20 +37,9 @@ def _exact(x):
     return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
-def _sci(x) -> str:
-    return f"{x:.3g}".replace("e+0", "e").replace("e+", "e")
-
-
 def _ceil_div(a, b) -> int:
     a, b = _exact(a), _exact(b)
     return -(-a // b) if isinstance(a, int) and isinstance(b, int) else math.ceil(a / b)
-
-
-def _elements_or_bytes(elements, dtype_bytes):
-    if dtype_bytes is None:
-        return elements
-    _check(dtype_bytes=dtype_bytes)
-    return elements * dtype_bytes
 
 
 # -- 核心思想 / 分片机制 / 前反流程 ---------------------------------------------------------------------------
@@ -59,26 +51,26 @@ def m_param(phi, n):
 
 def c_gather(phi_layer, n, dtype_bytes=None):
     """C_gather = Φ_layer·(N−1)/N ≈ Φ_layer: what a rank fetches to assemble one unit (it holds 1/N already)."""
-    _check(phi_layer=phi_layer, n=n)
-    return _elements_or_bytes(phi_layer * (n - 1) / n, dtype_bytes)
+    _check(phi_layer=phi_layer, n=n, dtype_bytes=dtype_bytes)
+    return phi_layer * (n - 1) / n * (dtype_bytes or 1)
 
 
 def c_step(phi, dtype_bytes=None):
     """C_step = C_fwd + C_bwd + C_grad ≈ 3Φ (article): gather, re-gather, reduce-scatter, with (N−1)/N ≈ 1."""
-    _check(phi=phi)
-    return _elements_or_bytes(3 * phi, dtype_bytes)
+    _check(phi=phi, dtype_bytes=dtype_bytes)
+    return 3 * phi * (dtype_bytes or 1)
 
 
 def c_step_exact(phi, n, dtype_bytes=None):
     """3Φ·(N−1)/N: what two ring all-gathers and one ring reduce-scatter really send per rank per step."""
-    _check(phi=phi, n=n)
-    return _elements_or_bytes(3 * phi * (n - 1) / n, dtype_bytes)
+    _check(phi=phi, n=n, dtype_bytes=dtype_bytes)
+    return 3 * phi * (n - 1) / n * (dtype_bytes or 1)
 
 
 def c_ddp(phi, n, dtype_bytes=None):
     """C_DDP = 2Φ·(N−1)/N: a ring all-reduce is a reduce-scatter plus an all-gather of the gradients."""
-    _check(phi=phi, n=n)
-    return _elements_or_bytes(2 * phi * (n - 1) / n, dtype_bytes)
+    _check(phi=phi, n=n, dtype_bytes=dtype_bytes)
+    return 2 * phi * (n - 1) / n * (dtype_bytes or 1)
 
 
 def comm_ratio_fsdp_vs_ddp(n):
@@ -173,9 +165,7 @@ def _strategy(strategy, numel, n) -> str:
     name = str(getattr(strategy, "name", strategy)).upper()
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
-    _check(n=n)
-    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
-        raise ValueError(f"numel_padded_total must be a positive integer, got {numel!r}")
+    _check(n=n, numel_padded_total=numel)
     if name != "NO_SHARD" and numel % n:
         raise ValueError(f"{name}: numel_padded_total={numel} is not a multiple of n={n}; pad each unit to it")
     return name
@@ -206,7 +196,7 @@ def runtime_state_bytes(strategy, numel_padded_total, n) -> StateBytes:
 
 def unsharded_peak_bytes(largest_unit_numel_padded, param_bytes, prefetch) -> int:
     """Gathered-parameter bytes alive at once: the largest unit in `param_bytes`, twice with prefetch."""
-    _strategy("NO_SHARD", largest_unit_numel_padded, 1), _check(param_bytes=param_bytes)
+    _check(largest_unit_numel_padded=largest_unit_numel_padded, param_bytes=param_bytes)
     return largest_unit_numel_padded * param_bytes * (2 if prefetch else 1)
 
 
@@ -327,8 +317,9 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
     name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
     (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape."""
-    given = {k: v for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
-    _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, **given)
+    given = {k for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
+    _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, layers=layers,
+           hidden=hidden, heads=heads)
     stage = _stage(strategy)
     if not (isinstance(reserve_fraction, Real) and 0 <= reserve_fraction < 1):
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
@@ -338,7 +329,7 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
     derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
     assumptions = (f"LLaMA-like shape derived from Φ≈12·layers·hidden² (head size 128): {', '.join(derived)}; "
-                   f"12·{layers}·{hidden}² = {_sci(12 * layers * hidden**2)} of Φ = {_sci(phi)} sits in the blocks"
+                   f"12·{layers}·{hidden}² = {12 * layers * hidden**2 / 1e9:.3g}e9 of Φ = {phi / 1e9:.3g}e9 sits in the blocks"
                    if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
     pb = PRECISION_BYTES[precision]
     phi_layer = 12 * hidden**2

@@ -1,0 +1,239 @@
+"""`fsdp-lab check`: what this machine can run live, and what the course will replay from shipped traces.
+
+A course that silently falls back to recorded data confuses learners ("why is my chart identical to the
+instructor's?"), so the fallback is decided here, once, from facts: the GPUs torch sees, and an actual 2-rank
+gloo run on 127.0.0.1. Import-time code touches nothing; every probe runs only when asked.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue as queue_module
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+NAME = "check"
+HELP = "Report GPUs, CUDA/NCCL/torch versions and whether 2-rank gloo works; say which chapters run live here."
+
+# (chapter, title, has live multi-rank runs, shows GPU memory). Mirrors the notebooks' order (DESIGN §5).
+CHAPTERS = (
+    ("00", "Welcome and setup", False, False),
+    ("01", "Core idea", False, False),
+    ("02", "Sharding", False, False),
+    ("03", "Forward and backward lifecycle", True, False),
+    ("04", "Mixed precision", True, True),
+    ("05", "ZeRO comparison", True, True),
+    ("06", "Engineering practice", True, True),
+    ("07", "When to use it: GPU planner", False, False),
+    ("08", "Python demo", False, False),
+    ("09", "Misconceptions", False, False),
+    ("10", "Interview quiz", False, False),
+)
+
+
+@dataclass(frozen=True)
+class Chapter:
+    chapter: str
+    title: str
+    status: str     # "live": all of it runs here; "mixed": runs here, GPU memory replayed; "replay"
+    how: str        # one line: what runs, where, or what is replayed and why
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; there is a small race until someone binds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _gloo_worker(rank: int, world_size: int, port: int, results, pg_timeout_s: float) -> None:
+    """One rank of the probe: join a gloo group on 127.0.0.1, all_reduce (rank+1), check the sum."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=pg_timeout_s))
+        tensor = torch.full((4,), float(rank + 1))
+        dist.all_reduce(tensor)
+        expected = world_size * (world_size + 1) / 2
+        ok = bool(torch.all(tensor == expected))
+        results.put((rank, ok, None if ok else f"rank {rank}: all_reduce gave {tensor.tolist()}, "
+                                               f"expected {expected}"))
+    except Exception as err:  # reported to the parent, which prints it
+        results.put((rank, False, f"rank {rank}: {type(err).__name__}: {err}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def probe_gloo(world_size: int = 2, timeout_s: float = 60.0, pg_timeout_s: float = 30.0):
+    """Spawn `world_size` processes that form a gloo group on 127.0.0.1 and all_reduce once.
+
+    Returns (ok, seconds, error). `timeout_s` bounds the whole probe, spawn and imports included; on expiry
+    the children are killed, so a hung rendezvous never outlives the call."""
+    import torch.multiprocessing as mp
+
+    if world_size < 1 or timeout_s <= 0:
+        raise ValueError(f"need world_size >= 1 and timeout_s > 0, got world_size={world_size}, "
+                         f"timeout_s={timeout_s}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    start = time.monotonic()
+    procs = [ctx.Process(target=_gloo_worker, args=(rank, world_size, port, results, pg_timeout_s), daemon=True)
+             for rank in range(world_size)]
+    reports: dict[int, tuple] = {}
+    error = None
+    try:
+        for proc in procs:
+            proc.start()
+        while len(reports) < world_size:
+            remaining = start + timeout_s - time.monotonic()
+            if remaining <= 0:
+                error = f"timed out after {timeout_s:g} s with {len(reports)} of {world_size} ranks reporting"
+                break
+            try:
+                rank, ok, err = results.get(timeout=min(remaining, 0.5))
+                reports[rank] = (ok, err)
+                if not ok:  # the other ranks would only wait out the rendezvous timeout
+                    break
+            except queue_module.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead and results.empty():
+                    error = f"a rank exited with code {dead[0]} before reporting"
+                    break
+    finally:
+        for proc in procs:
+            if proc.pid is None:  # never started (start() of an earlier rank raised)
+                continue
+            proc.join(timeout=max(0.0, min(5.0, start + timeout_s - time.monotonic())))
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        results.close()
+    seconds = time.monotonic() - start
+    failures = [err for ok, err in reports.values() if not ok]
+    error = error or (failures[0] if failures else None)
+    return error is None, seconds, error
+
+
+def _gpus() -> list[dict]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        out.append({"index": index, "name": props.name, "memory_bytes": int(props.total_memory)})
+    return out
+
+
+def _nccl_version():
+    try:
+        import torch.cuda.nccl as nccl
+
+        version = nccl.version()
+    except Exception:  # CPU builds have no NCCL; torch raises different errors across versions
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def chapter_plan(gpu_count: int, gloo_ok: bool) -> tuple[Chapter, ...]:
+    """Which chapters run live here and which replay shipped traces. Pure, so every machine kind is testable."""
+    # One GPU hosts several ranks only over gloo (NCCL refuses two ranks on one device, DESIGN §7).
+    gpu_live = gpu_count >= 2 or (gpu_count == 1 and gloo_ok)
+    if gpu_count >= 2:
+        gpu_runs = f"GPU memory measured live on {gpu_count} GPUs (NCCL)"
+    elif gpu_count == 1:
+        gpu_runs = ("GPU memory measured live on 1 GPU (ranks share it over gloo with CUDA tensors)" if gloo_ok else
+                    "GPU memory replays shipped GPU traces (ranks sharing the one GPU need gloo, which failed)")
+    else:
+        gpu_runs = "GPU memory replays shipped GPU traces (no CUDA device here)"
+    chapters = []
+    for number, title, multi_rank, gpu_memory in CHAPTERS:
+        parts, live, replayed = [], 0, 0
+        if multi_rank:
+            parts.append("2-rank runs live on CPU/gloo" if gloo_ok else
+                         "multi-rank runs replay shipped traces (2-rank gloo failed here)")
+            live, replayed = live + gloo_ok, replayed + (not gloo_ok)
+        if gpu_memory:
+            parts.append(gpu_runs)
+            live, replayed = live + gpu_live, replayed + (not gpu_live)
+        status = "replay" if replayed and not live else ("mixed" if replayed else "live")
+        chapters.append(Chapter(number, title, status, "; ".join(parts) or "runs here (single process)"))
+    return tuple(chapters)
+
+
+def collect(run_gloo: bool = True, timeout_s: float = 60.0) -> dict:
+    """Everything `check` reports, as one JSON-ready dict."""
+    import torch
+
+    gpus = _gpus()
+    if run_gloo:
+        ok, seconds, error = probe_gloo(2, timeout_s)
+    else:
+        ok, seconds, error = False, 0.0, "skipped (--no-gloo)"
+    chapters = chapter_plan(len(gpus), ok)
+    verdict = {status: [c.chapter for c in chapters if c.status == status] for status in ("live", "mixed", "replay")}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": _nccl_version(),
+        "cpu_cores": os.cpu_count(),
+        "gpus": gpus,
+        "free_port": free_port(),
+        "gloo": {"ok": ok, "seconds": round(seconds, 2), "error": error},
+        "chapters": [asdict(c) for c in chapters],
+        "verdict": verdict,
+    }
+
+
+def render(info: dict) -> str:
+    gpus = info["gpus"]
+    gpu_lines = [f"  GPU {g['index']}: {g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB" for g in gpus]
+    gloo = info["gloo"]
+    gloo_line = (f"works ({gloo['seconds']:.1f} s for spawn, rendezvous and one all_reduce)" if gloo["ok"]
+                 else f"FAILED: {gloo['error']}")
+    lines = [
+        f"Python {info['python']}, torch {info['torch']}, CUDA {info['cuda'] or 'none (CPU build)'}, "
+        f"NCCL {info['nccl'] or 'none'}",
+        f"CPU cores: {info['cpu_cores']}",
+        f"GPUs: {len(gpus) or 'none'}", *gpu_lines,
+        f"Free TCP port on 127.0.0.1: {info['free_port']}",
+        f"2-rank gloo on 127.0.0.1: {gloo_line}",
+        "",
+        "Chapters:",
+        *(f"  {c['chapter']} {c['title']:<31} {c['status']:<6} {c['how']}" for c in info["chapters"]),
+        "",
+        "Verdict:",
+    ]
+    verdict, on_gpu = info["verdict"], " (GPU memory measured on this machine's GPU)" if gpus else ""
+    for status, label in (("live", f"run live here{on_gpu}"),
+                          ("mixed", "run live here, GPU memory charts replay shipped GPU traces"),
+                          ("replay", "replay shipped traces")):
+        lines.append(f"  {label}: {', '.join(verdict[status]) or 'none'}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.add_argument("--no-gloo", action="store_true", help="skip the 2-rank gloo probe (it takes seconds)")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="wall-clock limit for the gloo probe in seconds (default 60)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.timeout > 0:
+        print(f"fsdp-lab check: error: --timeout must be > 0, got {args.timeout}", file=sys.stderr)
+        return 2
+    info = collect(run_gloo=not args.no_gloo, timeout_s=args.timeout)
+    print(json.dumps(info) if args.json else render(info))
+    return 0

@@ -1,0 +1,218 @@
+"""The article's own numbers, the ZeRO ordering, the corrections and the errors of fsdp_lab.formulas."""
+import math
+
+import pytest
+
+from fsdp_lab import formulas as F
+
+PHI_7B = 7e9
+GB = 1e9
+
+
+def test_article_numbers_for_7b():
+    assert 4 * PHI_7B == 28 * GB                      # 核心思想: fp32 params of 7B = 28 GB
+    assert F.m_param(PHI_7B, 8) == 3.5 * GB            # 8 GPUs: 3.5 GB of params each
+    assert F.m_ddp(PHI_7B) == 112 * GB                 # DDP: 16Φ = 112 GB
+    assert F.m_zero3(PHI_7B, 8) == 14 * GB             # ZeRO-3 on 8 GPUs: 14 GB
+    assert F.n_min(PHI_7B, 80 * GB) == 2               # 112 / 80 = 1.4 → 2
+    assert F.n_min(7_000_000_000, 80_000_000_000) == 2
+    assert F.comm_ratio_fsdp_vs_ddp(8) == 1.5
+    assert F.c_step(PHI_7B) / PHI_7B == 3
+
+
+def test_comm_ratio_is_one_and_a_half_for_every_world_size():
+    for n in (2, 3, 4, 8, 64, 1000):
+        assert F.comm_ratio_fsdp_vs_ddp(n) == pytest.approx(1.5)
+        assert F.c_step_exact(1e6, n) / F.c_ddp(1e6, n) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="n >= 2"):
+        F.comm_ratio_fsdp_vs_ddp(1)
+
+
+def test_exact_step_comm_approaches_the_article_3phi():
+    assert F.c_step_exact(1000, 2) == 1500
+    assert F.c_step_exact(1000, 1) == 0                # one rank sends nothing
+    assert F.c_step_exact(1000, 10_000) == pytest.approx(F.c_step(1000), rel=1e-3)
+    assert F.c_step_exact(1000, 8) < F.c_step(1000)
+    assert F.c_ddp(1000, 4) == 1500
+
+
+def test_gather_is_layer_times_missing_fraction_and_bytes_on_request():
+    assert F.c_gather(1024, 4) == 768
+    assert F.c_gather(1024, 4, dtype_bytes=2) == 1536
+    assert F.c_step(10, dtype_bytes=2) == 60
+    assert F.c_ddp(8, 2, dtype_bytes=4) == 32
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        F.c_gather(1024, 4, dtype_bytes=0)
+
+
+def test_article_fsdp_and_peak_as_written():
+    assert F.m_fsdp(1000, 4, 10) == 4000 / 4 + 8000 / 4 + 20
+    assert F.m_peak(1000, 4, 10) == 40 + 12000 / 4
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 64])
+def test_zero_stage_ordering(n):
+    phi = 7e9
+    ddp, z1, z2, z3 = F.m_ddp(phi), F.m_zero1(phi, n), F.m_zero2(phi, n), F.m_zero3(phi, n)
+    assert ddp > z1 > z2 > z3, (ddp, z1, z2, z3)
+
+
+def test_all_stages_equal_at_one_gpu():
+    phi = 1234567
+    assert F.m_ddp(phi) == F.m_zero1(phi, 1) == F.m_zero2(phi, 1) == F.m_zero3(phi, 1) == 16 * phi
+    assert F.m_param(phi, 1) == 4 * phi
+
+
+def test_zero_stage_values_for_7b_on_8():
+    assert F.m_zero1(PHI_7B, 8) == 63 * GB
+    assert F.m_zero2(PHI_7B, 8) == 38.5 * GB
+
+
+def test_corrections_add_the_gradient_shard_and_never_predict_less():
+    phi, phi_layer = 7e9, 12 * 4096**2
+    for n in (1, 2, 8, 64):
+        assert F.m_fsdp_corrected(phi, n, phi_layer) - F.m_fsdp(phi, n, phi_layer) == pytest.approx(4 * phi / n)
+        assert F.m_peak_corrected(phi, n, phi_layer) - F.m_peak(phi, n, phi_layer) == pytest.approx(4 * phi / n)
+        for act in (0, 1e9):
+            for prefetch in (False, True):
+                assert F.m_peak_corrected(phi, n, phi_layer, act, prefetch=prefetch) >= F.m_peak(phi, n, phi_layer)
+            assert F.m_fsdp_corrected(phi, n, phi_layer, act) >= F.m_fsdp(phi, n, phi_layer)
+
+
+def test_prefetch_adds_one_more_unit_of_parameters_and_activations_add_as_given():
+    base = F.m_peak_corrected(1000, 4, 10, param_bytes=2)
+    assert F.m_peak_corrected(1000, 4, 10, param_bytes=2, prefetch=True) - base == 20
+    assert F.m_peak_corrected(1000, 4, 10, activation_bytes=7, param_bytes=2) - base == 7
+    assert F.m_fsdp_corrected(1000, 4, 10, param_bytes=4) - F.m_fsdp_corrected(1000, 4, 10) == 20
+
+
+def test_activation_estimate_matches_korthikanti():
+    s, b, h, a = 2048, 1, 4096, 32
+    assert F.activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s / h) == 956_301_312
+    assert F.activation_bytes_per_layer(s, b, h, a, recompute=True) == 2 * s * b * h
+    assert F.activation_bytes_per_layer(s, 2, h, a) == 2 * F.activation_bytes_per_layer(s, 1, h, a)
+    # the attention term grows with s², the rest with s
+    assert F.activation_bytes_per_layer(2 * s, b, h, a) > 2 * F.activation_bytes_per_layer(s, b, h, a)
+
+
+def test_runtime_state_bytes_per_strategy():
+    p, n = 1024, 4
+    assert F.runtime_state_bytes("FULL_SHARD", p, n) == F.StateBytes(1024, 1024, 2048)
+    assert F.runtime_state_bytes("SHARD_GRAD_OP", p, n).total == 16 * p // n
+    assert F.runtime_state_bytes("ZERO1", p, n) == F.StateBytes(4096, 4096, 2048)
+    assert F.runtime_state_bytes("no_shard", 1023, n) == F.StateBytes(4092, 4092, 8184)
+    # the runtime's exact count agrees with the article's stages
+    assert F.runtime_state_bytes("FULL_SHARD", p, n).total == F.m_zero3(p, n)
+    assert F.runtime_state_bytes("ZERO1", p, n).total == F.m_zero1(p, n)
+    assert F.runtime_state_bytes("NO_SHARD", p, n).total == F.m_ddp(p)
+
+
+def test_runtime_state_rejects_unpadded_sharded_counts_and_unknown_strategies():
+    with pytest.raises(ValueError, match="1023.*multiple of n=4"):
+        F.runtime_state_bytes("FULL_SHARD", 1023, 4)
+    with pytest.raises(ValueError, match="HYBRID"):
+        F.runtime_state_bytes("HYBRID", 1024, 4)
+    with pytest.raises(ValueError, match="-8"):
+        F.runtime_state_bytes("NO_SHARD", -8, 4)
+
+
+def test_runtime_state_accepts_the_enum():
+    from fsdp_lab.strategy import ShardingStrategy
+    assert F.runtime_state_bytes(ShardingStrategy.FULL_SHARD, 8, 2).total == 64
+
+
+def test_unsharded_peak_bytes():
+    assert F.unsharded_peak_bytes(1000, 2, prefetch=False) == 2000
+    assert F.unsharded_peak_bytes(1000, 2, prefetch=True) == 4000
+    with pytest.raises(ValueError, match="largest_unit_numel_padded.*0"):
+        F.unsharded_peak_bytes(0, 2, prefetch=False)
+
+
+def test_comm_bytes_per_step_ring():
+    p, n = 800, 8  # (N-1)/N·P = 700 elements per collective
+    assert F.comm_bytes_per_step("FULL_SHARD", p, n, 2, 4) == 700 * 2 * 2 + 700 * 4
+    assert F.comm_bytes_per_step("SHARD_GRAD_OP", p, n, 2, 4) == 700 * 2 + 700 * 4
+    assert F.comm_bytes_per_step("NO_SHARD", p, n, 2, 4) == 2 * 700 * 4
+    assert F.comm_bytes_per_step("ZERO1", p, n, 2, 4) == 2 * 700 * 4 + 700 * 4
+    assert F.comm_bytes_per_step("FULL_SHARD", p, 1, 2, 4) == 0
+    # in one dtype, FULL_SHARD sends 1.5× what NO_SHARD (DDP) sends, as the article says
+    assert F.comm_bytes_per_step("FULL_SHARD", p, n, 4, 4) / F.comm_bytes_per_step("NO_SHARD", p, n, 4, 4) == 1.5
+    assert F.comm_bytes_per_step("FULL_SHARD", p, n, 1, 1) == F.c_step_exact(p, n)
+
+
+def test_plan_reproduces_the_article_and_counts_activations():
+    p = F.plan(7e9, 8, 80)
+    assert (p.layers, p.hidden, p.heads) == (32, 4096, 32)
+    assert "layers=32" in p.assumptions and "hidden=4096" in p.assumptions
+    assert p.ddp_bytes == 112 * 10**9 and not p.fits("DDP", with_activations=False)
+    assert p.zero3_bytes == 14 * 10**9 and p.fits("ZeRO-3")
+    assert (p.zero1_bytes, p.zero2_bytes) == (63 * 10**9, 385 * 10**8)
+    assert p.n_min == 2
+    assert p.n_min_with_activations == 3
+    assert p.n_min_with_reserve == 4
+    assert p.activation_bytes == 32 * F.activation_bytes_per_layer(2048, 1, 4096, 32)
+    # the planner's ZeRO-3 peak is the corrected article peak
+    assert p.peak_bytes("ZeRO-3") == F.m_peak_corrected(7e9, 8, p.phi_layer, p.activation_bytes)
+    assert [r[0] for r in p.rows()] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+
+
+def test_plan_n_min_with_activations_actually_fits_and_one_less_does_not():
+    p = F.plan(7e9, 8, 80)
+    at = F.plan(7e9, p.n_min_with_activations, 80)
+    below = F.plan(7e9, p.n_min_with_activations - 1, 80)
+    assert at.fits("ZeRO-3") and not below.fits("ZeRO-3")
+
+
+def test_plan_recompute_and_shape_and_strategy_options():
+    assert F.plan(7e9, 8, 80, recompute=True).n_min_with_activations == 2
+    assert F.plan(7e9, 8, 80, micro_batch=2).n_min_with_activations > 3
+    given = F.plan(7e9, 8, 80, layers=32, hidden=4096, heads=32)
+    assert given.assumptions.startswith("shape given")
+    assert F.plan(7e9, 8, 80, strategy="NO_SHARD").n_min_with_activations is None  # DDP never fits 80 GB
+    assert F.plan(1e9, 8, 80, strategy="DDP").n_min_with_activations == 1
+    assert F.plan(7e9, 8, 80, strategy="SHARD_GRAD_OP").strategy == "ZeRO-2"
+    assert F.llama_like_shape(13e9) == (40, 5120, 40)
+
+
+def test_plan_precision_changes_working_bytes():
+    assert F.plan(7e9, 8, 80, precision="fp32").working_bytes == 2 * F.plan(7e9, 8, 80).working_bytes
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(params=0, gpus=8, gpu_mem_gb=80), "params.*0"),
+    (dict(params=-7e9, gpus=8, gpu_mem_gb=80), "-7000000000"),
+    (dict(params=7e9, gpus=0, gpu_mem_gb=80), "gpus.*0"),
+    (dict(params=7e9, gpus=2.5, gpu_mem_gb=80), "gpus.*2.5"),
+    (dict(params=7e9, gpus=8, gpu_mem_gb=-80), "gpu_mem_gb.*-80"),
+    (dict(params=float("nan"), gpus=8, gpu_mem_gb=80), "params.*nan"),
+    (dict(params=7e9, gpus=8, gpu_mem_gb=80, strategy="ZERO9"), "ZERO9"),
+    (dict(params=7e9, gpus=8, gpu_mem_gb=80, precision="int3"), "int3"),
+    (dict(params=7e9, gpus=8, gpu_mem_gb=80, seq_len=0), "seq_len"),
+])
+def test_plan_rejects_bad_input_with_the_number(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        F.plan(**kwargs)
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda: F.m_param(0, 8), "phi.*0"),
+    (lambda: F.m_zero3(7e9, 0), "n .*0"),
+    (lambda: F.m_zero3(7e9, 2.0), "n .*2.0"),
+    (lambda: F.m_zero3(7e9, True), "n .*True"),
+    (lambda: F.n_min(7e9, 0), "gpu_mem_bytes.*0"),
+    (lambda: F.m_peak(7e9, 8, -1), "phi_layer.*-1"),
+    (lambda: F.m_peak_corrected(7e9, 8, 10, activation_bytes=-5), "activation_bytes.*-5"),
+    (lambda: F.activation_bytes_per_layer(2048, 0, 4096, 32), "micro_batch.*0"),
+])
+def test_formulas_reject_bad_input(call, needle):
+    with pytest.raises(ValueError, match=needle):
+        call()
+
+
+def test_plan_is_frozen_and_validates_itself():
+    p = F.plan(7e9, 8, 80)
+    with pytest.raises(AttributeError):
+        p.gpus = 4
+    with pytest.raises(ValueError, match="reserve_fraction"):
+        F.plan(7e9, 8, 80, reserve_fraction=1.0)
+    assert math.isclose(F.m_zero3(7e9, 3) * 3, 112e9)

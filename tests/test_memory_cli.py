@@ -1,0 +1,83 @@
+"""`fsdp-lab memory` through the real CLI dispatcher: the article's numbers, the table and bad flags."""
+import re
+
+import pytest
+
+from fsdp_lab import cli, formulas
+
+
+def run_memory(capsys, *argv):
+    code = cli.main(["memory", *argv])
+    out = capsys.readouterr().out
+    return code, out
+
+
+def test_article_example(capsys):
+    code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80")
+    assert code == 0
+    assert "112 GB per GPU, which does not fit one 80 GB card" in out
+    assert "16Φ/N = 14 GB per GPU on 8 GPUs" in out
+    assert "= 2 GPUs (the article's count" in out
+    assert "N_min = 3 GPUs" in out
+    assert "Plan for 3–4 GPUs." in out
+    # the activation assumptions are printed, not hidden
+    for needle in ("seq 2048", "micro-batch 1", "Korthikanti", "layers=32", "hidden=4096", "20%"):
+        assert needle in out, needle
+
+
+def test_table_has_every_stage_with_its_bytes_and_verdict(capsys):
+    _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80")
+    rows = {m.group(1): (float(m.group(2)), m.group(3).strip())
+            for m in re.finditer(r"^\s+(DDP|ZeRO-[123])\s.*?([\d.]+) GB\s+[\d.]+ GB\s+(.+)$", out, re.M)}
+    assert rows == {"DDP": (112.0, "no"), "ZeRO-1": (63.0, "state only"),
+                    "ZeRO-2": (38.5, "yes"), "ZeRO-3": (14.0, "yes")}
+
+
+def test_numbers_come_from_plan(capsys):
+    _code, out = run_memory(capsys, "--params", "13B", "--gpus", "4", "--gpu-mem", "80", "--seq-len", "1024")
+    p = formulas.plan(13e9, 4, 80, seq_len=1024)
+    assert (p.n_min, p.n_min_with_activations) == (3, 4)
+    assert f"= {p.n_min} GPUs (the article" in out
+    assert f"needs N_min = {p.n_min_with_activations} GPUs" in out
+    assert f"{p.zero3_bytes / 1e9:.2f} GB" in out
+
+
+def test_recompute_lowers_the_activation_count(capsys):
+    _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--recompute")
+    assert "needs N_min = 2 GPUs" in out and "2·s·b·h" in out
+
+
+def test_seq_len_changes_the_answer(capsys):
+    _code, short = run_memory(capsys, "--seq-len", "512")
+    _code, long = run_memory(capsys, "--seq-len", "8192")
+    assert "needs N_min = 2 GPUs" in short
+    assert "none (one layer plus the activations already exceed a card)" in long
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--gpus", "0"], "--gpus: expected a positive integer, got 0"),
+    (["--gpus", "-3"], "--gpus: expected a positive integer, got -3"),
+    (["--gpus", "eight"], "--gpus: expected a positive integer, got 'eight'"),
+    (["--params", "abc"], "--params: expected a parameter count"),
+    (["--params", "-7e9"], "--params"),
+    (["--params", "0"], "--params: the parameter count must be at least 1"),
+    (["--gpu-mem", "0"], "--gpu-mem: expected a positive number, got '0'"),
+    (["--gpu-mem", "nan"], "--gpu-mem: expected a positive number, got 'nan'"),
+    (["--seq-len", "-1"], "--seq-len"),
+    (["--micro-batch", "0"], "--micro-batch"),
+    (["--reserve", "1.5"], "--reserve"),
+])
+def test_bad_flags_exit_2_with_a_clear_message(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["memory", *argv])
+    assert exc.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_runs_as_a_module():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "fsdp_lab", "memory", "--params", "7e9", "--gpus", "8",
+                           "--gpu-mem", "80"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "112 GB" in done.stdout and "14 GB" in done.stdout
