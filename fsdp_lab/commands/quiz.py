@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     quiz = QuizRun(chapter, args.lang, args.seed)
     finished = run_terminal(quiz, sys.stdin, sys.stdout, echo=not sys.stdin.isatty())
     if not finished:
-        print(msg(args.lang, "eof", answered=len(quiz.answers), total=len(quiz), score=points(quiz.score),
+        print(msg(args.lang, "eof", answered=quiz.answered, total=len(quiz), score=points(quiz.score),
                   max=quiz.max_score))
     try:
         notice = store.record(quiz.attempt(), args.name or progress.learner or _login())

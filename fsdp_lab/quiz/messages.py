@@ -35,7 +35,8 @@ _EN = {
 }
 _ZH = {
     "header": "第 {key} 章 · {title} — 共 {n} 题",
-    "rule": "多选题计分：按“净正确”给部分分（PrairieLearn 的 PC 规则）：(选对数 − 选错数) ÷ 正确选项数，最低 0 分；单选题只分对错。",
+    "rule": ("多选题计分：按“净正确”给部分分（PrairieLearn 的 PC 规则）：(选对数 − 选错数) ÷ 正确选项数，"
+             "最低 0 分；单选题只分对错。"),
     "question": "第 {number}/{total} 题 [{type} · {difficulty}]",
     "single": "单选题", "multi": "多选题",
     "ask_single": "你的答案（一个字母 {span}）：",

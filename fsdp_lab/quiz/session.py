@@ -55,8 +55,13 @@ class QuizRun:
         return len(self.shown)
 
     @property
+    def answered(self) -> int:
+        """Questions with at least one option picked (the widget grades an untouched question as 0)."""
+        return sum(1 for a in self.answers.values() if a.letters)
+
+    @property
     def complete(self) -> bool:
-        return len(self.answers) == len(self.shown)
+        return self.answered == len(self.shown)
 
     def attempt(self) -> Attempt:
         """This run as a progress record; chosen options are saved in the bank's letters, not the shuffle's."""
@@ -67,4 +72,4 @@ class QuizRun:
             answers[shown.question.id] = {"chosen": chosen, "score": a.grade.score}
         return Attempt(chapter=self.chapter.key, started=iso(self.started), finished=iso(self.clock()),
                        lang=self.lang, seed=self.seed, score=round(self.score, 4), max=self.max_score,
-                       answered=len(self.answers), total=len(self.shown), complete=self.complete, answers=answers)
+                       answered=self.answered, total=len(self.shown), complete=self.complete, answers=answers)

@@ -48,8 +48,8 @@ class QuizWidget:
         self.retry_button = widgets.Button(description=msg(lang, "retry"), disabled=True)
         self.submit_button.on_click(self.submit)
         self.retry_button.on_click(self.retry)
-        header = widgets.HTML(f"<h3>{_html(msg(lang, 'header', key=chapter.key, title=chapter.title.get(lang), n=len(self.run)))}</h3>"
-                              f"<p><i>{_html(msg(lang, 'rule'))}</i></p>")
+        heading = msg(lang, "header", key=chapter.key, title=chapter.title.get(lang), n=len(self.run))
+        header = widgets.HTML(f"<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
         items = [header]
         for shown, control, fb in zip(self.run.shown, self.controls, self.feedback):
             q = shown.question

@@ -67,6 +67,9 @@ def read_yaml(path: Path) -> Any:
         problem = getattr(exc, "problem", None) or str(exc)
         if mark is None:
             raise QuizFileError(path, f"malformed YAML: {problem}") from None
-        qid, field = _locate(text.splitlines(), mark.line)
+        start = getattr(exc, "context_mark", None)  # where the unfinished construct began, if known
+        qid, field = _locate(text.splitlines(), (start or mark).line)
         detail = f"malformed YAML at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        if start is not None and start.line != mark.line:
+            detail += f" ({getattr(exc, 'context', None) or 'construct'} started at line {start.line + 1})"
         raise QuizFileError(path, detail, question_id=qid, field=field) from None
