@@ -1,0 +1,103 @@
+"""Rank functions for the overlap, prefetch and activation-checkpointing tests (spawned ranks import them)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fsdp_lab import FSDP, BackwardPrefetch
+from fsdp_lab.activation_checkpointing import apply_activation_checkpointing
+from fsdp_lab.models import Block, batch_for_step, build_gpt, rank_slice
+from fsdp_lab.unit import UnitState
+from fsdp_lab.wrap import ModuleWrapPolicy
+
+GLOBAL_BATCH = 4
+STEPS = 3
+
+
+class Spy:
+    """A tracer stand-in: records (step, event, unit, phase) and the state of every unit at each event."""
+
+    def __init__(self, model):
+        self.model, self.step, self.events = model, 0, []
+
+    def emit(self, event, unit, phase, **_):
+        states = {u.name: u.state.name for u in self.model.units}
+        self.events.append({"step": self.step, "event": event, "unit": unit, "phase": phase, "states": states})
+
+    def on_backward_end(self):
+        self.step += 1
+
+
+def _train(rank, world_size, model, base, steps=STEPS, on_step=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        x, y = batch_for_step(base.cfg, step, GLOBAL_BATCH)
+        loss = model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        losses.append(value.item() / world_size)
+    return losses
+
+
+def _full_params(model):
+    with FSDP.summon_full_params(model):
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_checkpointed(rank, world_size, order, prefetch=False):
+    """order: 'none' (no checkpointing), 'before' or 'after' FSDP wrapping. Returns losses, params, the spy's
+    events, and the bytes autograd saved outside checkpointed regions in one forward."""
+    base = build_gpt("tiny")
+    if order == "before":
+        apply_activation_checkpointing(base)
+    model = FSDP(base, auto_wrap_policy=ModuleWrapPolicy({Block}), forward_prefetch=prefetch,
+                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
+    if order == "after":
+        names = apply_activation_checkpointing(model)
+        assert names == [f"blocks.{i}" for i in range(len(base.blocks))], names
+    spy = Spy(model)
+    model.set_tracer(spy)
+    losses = _train(rank, world_size, model, base)
+    model.set_tracer(None)
+    saved = []
+    x, y = batch_for_step(base.cfg, 0, GLOBAL_BATCH)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        loss = model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size))
+    loss.backward()
+    return losses, _full_params(model), spy.events, sum(saved)
+
+
+def checkpoint_misuse(rank, world_size):
+    model = FSDP(build_gpt("tiny"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    try:
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, FSDP))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def prefetch_trace(rank, world_size, forward_prefetch, backward_prefetch, limit=None):
+    """Two steps with a spy, plus what a hook inside block 0's MLP saw of block 1 while block 0 computed."""
+    base = build_gpt("tiny")
+    model = FSDP(base, auto_wrap_policy=ModuleWrapPolicy({Block}), forward_prefetch=forward_prefetch,
+                 backward_prefetch=backward_prefetch)
+    if limit is not None:
+        model._ctx.max_gathers_in_flight = limit
+    seen = []
+    unit1 = next(u for u in model.units if u.name == "blocks.1")
+    base.blocks[0].mlp.register_forward_hook(lambda *_: seen.append(unit1.state.name))
+    spy = Spy(model)
+    model.set_tracer(spy)
+    losses = _train(rank, world_size, model, base, steps=2)
+    model.set_tracer(None)
+    return {"events": spy.events, "block1_during_block0": seen, "losses": losses,
+            "async_comm": model._ctx.async_comm, "max_in_flight": model._ctx.max_gathers_in_flight,
+            "states_after": [u.state.name for u in model.units], "params": _full_params(model)}
+
+
+def gathering_count(states: dict) -> int:
+    return sum(1 for s in states.values() if s == UnitState.GATHERING.name)
