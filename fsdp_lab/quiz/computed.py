@@ -76,7 +76,7 @@ def default_registry() -> dict[str, Callable]:
         registry["__problem__"] = f"fsdp_lab.formulas could not be imported: {type(exc).__name__}: {exc}"
         return registry
     for name, fn in vars(formulas).items():
-        if not name.startswith("_") and inspect.isfunction(fn) and fn.__module__ == formulas.__name__:
+        if not name.startswith("_") and inspect.isfunction(fn) and fn.__module__.startswith("fsdp_lab."):
             registry[name] = fn
     return registry
 
