@@ -1,0 +1,94 @@
+"""The experiments behind chapters 06, 08 and 09: what the notebooks show must hold on every run.
+
+One launch per experiment family (process start-up dominates on a 2-core CPU); the tiny preset and 2 steps.
+"""
+import pytest
+
+from fsdp_lab.experiments.engineering import overlaps, run_engineering, spans
+from fsdp_lab.experiments.granularity import WRAPPINGS, policy_for, units_picked
+from fsdp_lab.models import GPT, PRESETS
+
+
+def test_units_picked_by_each_wrapping_on_the_tiny_gpt():
+    counts = {w: len(units_picked(w, "tiny")) for w in WRAPPINGS}
+    assert counts == {"whole": 1, "block": 3, "sublayer": 5, "leaf": 13}
+    for w in WRAPPINGS:
+        rows = units_picked(w, "tiny")
+        assert sum(n for _, n in rows) == 119_424, w  # every parameter in exactly one unit (tied weight once)
+        assert rows[-1][0] == "<root>"
+    leaf_names = [name for name, _ in units_picked("leaf", "tiny")]
+    assert "lm_head" not in leaf_names and "wte" not in leaf_names  # the tied pair stays in the root
+    assert [n for n, _ in units_picked("size:20000", "tiny")] == ["blocks.0.mlp", "blocks.1.mlp", "<root>"]
+
+
+def test_unknown_wrapping_is_named():
+    with pytest.raises(ValueError, match="unknown wrapping 'blocks'"):
+        policy_for("blocks", GPT(PRESETS["tiny"]))
+
+
+def _event(t, unit, event, phase="forward"):
+    return {"t": t, "rank": 0, "step": 0, "unit": unit, "phase": phase, "event": event}
+
+
+def test_spans_and_overlaps_from_events():
+    events = [_event(0.000, "a", "gather_start"), _event(0.001, "a", "gather_end"),
+              _event(0.0015, "b", "gather_start"),  # prefetch: b's gather issued before a computes
+              _event(0.002, "a", "forward_start"), _event(0.004, "a", "forward_end"),
+              _event(0.005, "b", "gather_end"), _event(0.006, "b", "forward_start"), _event(0.007, "b", "forward_end")]
+    rows = spans(events)
+    assert [(r["unit"], r["beat"]) for r in rows] == [("a", "gather"), ("a", "forward"), ("b", "gather"),
+                                                      ("b", "forward")]
+    assert rows[2]["start_ms"] == pytest.approx(1.5) and rows[2]["end_ms"] == pytest.approx(5.0)
+    (ov,) = overlaps(rows)
+    assert (ov["gathered"], ov["computing"], ov["beat"]) == ("b", "a", "gather")
+    assert ov["ms"] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no events for rank 1"):
+        spans(events, rank=1)
+
+
+@pytest.fixture(scope="module")
+def engineering(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("ckpt")
+    return ckpt, run_engineering(world_size=2, checkpoint_dir=ckpt, preset="tiny", steps=2, timeout_s=240)
+
+
+def test_granularity_trades_collectives_for_peak_memory(engineering):
+    _, results = engineering
+    for r in results:
+        g = r["granularity"]
+        units = [g[w]["units"] for w in WRAPPINGS]
+        assert units == [1, 3, 5, 13]
+        assert [g[w]["collectives"] for w in WRAPPINGS] == [3 * u - 1 for u in units]
+        peaks = [g[w]["peak_unsharded"] for w in WRAPPINGS]
+        assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+        assert all(g[w]["losses"] == g["block"]["losses"] for w in WRAPPINGS)
+
+
+def test_prefetch_overlaps_gathers_with_compute_and_costs_a_unit(engineering):
+    _, results = engineering
+    for rank, r in enumerate(results):
+        none, pre = r["prefetch"]["no prefetch"], r["prefetch"]["prefetch (async gathers)"]
+        assert overlaps(spans(none["events"], rank=rank)) == []
+        ov = overlaps(spans(pre["events"], rank=rank))
+        assert {(o["beat"], o["gathered"], o["computing"]) for o in ov} >= {("gather", "blocks.1", "blocks.0"),
+                                                                           ("regather", "blocks.0", "blocks.1")}
+        assert pre["peak_unsharded"] > none["peak_unsharded"]
+        assert pre["losses"] == none["losses"]
+
+
+def test_activation_checkpointing_keeps_less_and_computes_the_same(engineering):
+    _, results = engineering
+    for r in results:
+        off, on = r["checkpointing"]["off"], r["checkpointing"]["on"]
+        assert 0 < on["saved_bytes"][-1] < off["saved_bytes"][-1] / 2
+        assert on["losses"] == off["losses"]
+
+
+def test_checkpoint_round_trip_and_full_state_dict(engineering):
+    ckpt, results = engineering
+    assert sorted(p.name for p in ckpt.rglob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    for c in (r["checkpoint"] for r in results):
+        assert c["same_params"] and c["same_optim"] and c["loss_saved_model"] == c["loss_loaded_model"]
+    full = results[0]["checkpoint"]["full_state_dict"]
+    assert results[1]["checkpoint"]["full_state_dict"] == {}
+    assert list(full) == list(GPT(PRESETS["tiny"]).state_dict())
