@@ -1,0 +1,295 @@
+"""`fsdp-lab train`: train the course GPT with fsdp_lab on 1..N processes, one or many nodes, through torchrun.
+
+The command checks every flag first (exit 2 with the flag named), then runs torchrun (`torch.distributed.run`,
+in this process) which starts `python -m fsdp_lab.train <flags>` once per rank and watches them. When a rank
+dies, torchrun stops the others within about a second; a rank that hangs makes its peers' collectives fail after
+--timeout seconds. Either way the job ends, and this command names the rank that caused it.
+
+Exit codes (also in --help):
+    0  ok                     2  bad flags / cannot run here     4  checkpoint could not be saved, found or loaded
+    1  unexpected error (bug) 3  a rank died, or a collective failed or timed out       130  interrupted
+"""
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import shlex
+import signal
+import sys
+import traceback
+from datetime import timedelta
+
+NAME = "train"
+HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
+EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
+cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
+loaded; 130 interrupted. Each rank can also be started directly: torchrun ... -m fsdp_lab.train <training flags>."""
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    ERROR = 1          # an unexpected Python error (a bug): its traceback is printed
+    USAGE = 2          # bad flags, or a configuration that cannot run here
+    RANK_FAILED = 3    # a rank died, or a collective failed or timed out (a peer is gone or stuck)
+    CHECKPOINT = 4     # a checkpoint could not be saved, found or loaded
+    INTERRUPTED = 130  # Ctrl-C
+
+
+def _number(kind, low: float, what: str):
+    """An argparse type: `kind` (int or float) at least `low` (exclusive for floats), finite."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not (low <= value if kind is int else low < value < float("inf")):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text if kind is float else value!r}")
+        return value
+    return parse
+
+
+_positive_int = _number(int, 1, "a positive integer")
+_count = _number(int, 0, "an integer >= 0")
+_positive_float = _number(float, 0.0, "a positive number")
+
+
+def _endpoint(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (e.g. node001:29500), got {text!r}")
+    return text
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    from fsdp_lab.models import PRESETS
+    from fsdp_lab.strategy import ShardingStrategy
+
+    g = parser.add_argument_group("training")
+    g.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
+    g.add_argument("--strategy", choices=list(ShardingStrategy.__members__), default="FULL_SHARD",
+                   help="FULL_SHARD (ZeRO-3, default), SHARD_GRAD_OP (ZeRO-2), ZERO1, NO_SHARD (DDP)")
+    g.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: gather and compute in bf16, reduce gradients in fp32, fp32 masters (default fp32)")
+    g.add_argument("--prefetch", action="store_true", help="forward_prefetch and BACKWARD_PRE backward prefetch")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each Block's forward during backward (non-reentrant torch.utils.checkpoint)")
+    g.add_argument("--steps", type=_positive_int, default=10, help="train until this step (default 10)")
+    g.add_argument("--global-batch", type=_positive_int, default=8,
+                   help="sequences per step over all ranks; must divide by the world size (default 8)")
+    g.add_argument("--lr", type=_positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    g.add_argument("--seed", type=_count, default=0, help="weight initialisation seed (default 0)")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu (gloo) or cuda (NCCL, one GPU per rank: device LOCAL_RANK) (default cpu)")
+    g.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                   help="auto: gloo on cpu, nccl on cuda. gloo with --device cuda runs several ranks on one GPU")
+    g.add_argument("--timeout", type=_positive_float, default=300.0,
+                   help="collective timeout in seconds: a stuck or vanished peer fails the job after this long")
+    g.add_argument("--trace", metavar="DIR", help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
+    g.add_argument("--json-log", metavar="PATH", help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
+    g.add_argument("--checkpoint-dir", metavar="DIR", help="sharded checkpoints go to DIR/step_N, DIR/latest")
+    g.add_argument("--checkpoint-every", type=_count, default=0, metavar="K",
+                   help="save every K steps (and after the last step); 0: only after the last step")
+    g.add_argument("--resume", nargs="?", const="latest", metavar="PATH",
+                   help="continue from --checkpoint-dir's latest checkpoint (starts at 0 if there is none yet), "
+                        "or from PATH; the world size and strategy may differ from the run that saved it")
+    g.add_argument("--export", metavar="PATH",
+                   help="after training, write the full state dict (original names, fp32) for the plain GPT")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm progress bar")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EPILOG
+    g = parser.add_argument_group("processes (passed to torchrun)")
+    g.add_argument("--nproc-per-node", type=_positive_int, default=1, help="ranks on this node (default 1)")
+    g.add_argument("--nnodes", type=_positive_int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--node-rank", type=_count, default=0, help="this node's index, 0..nnodes-1 (default 0)")
+    g.add_argument("--rdzv-endpoint", type=_endpoint, metavar="HOST:PORT",
+                   help="rendezvous address, the same on every node (needed when --nnodes > 1)")
+    g.add_argument("--rdzv-backend", choices=["static", "c10d"], default="static",
+                   help="static: --node-rank decides each node's ranks (default); c10d: elastic rendezvous")
+    g.add_argument("--rdzv-id", default="fsdp-lab", help="job id for the c10d rendezvous (default fsdp-lab)")
+    g.add_argument("--print-command", action="store_true",
+                   help="print the equivalent torchrun command line and exit")
+    add_training_arguments(parser)
+
+
+def config_from_args(args):
+    from fsdp_lab.train import TrainConfig
+
+    fields = TrainConfig.__dataclass_fields__
+    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def torchrun_argv(args, cfg) -> list[str]:
+    argv = ["--nproc-per-node", str(args.nproc_per_node), "--nnodes", str(args.nnodes)]
+    if args.nnodes == 1 and not args.rdzv_endpoint:
+        argv += ["--standalone"]
+    else:
+        argv += ["--node-rank", str(args.node_rank), "--rdzv-backend", args.rdzv_backend,
+                 "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]
+    return argv + ["-m", "fsdp_lab.train", *cfg.to_argv()]
+
+
+def _usage(message: str) -> int:
+    print(f"fsdp-lab train: error: {message}", file=sys.stderr)
+    return int(ExitCode.USAGE)
+
+
+def _check(args, cfg) -> int | None:
+    """Everything that can be known before starting processes; returns an exit code or None."""
+    import torch
+
+    from fsdp_lab.checkpoint_files import CheckpointError, read_latest, resolve
+
+    world = args.nproc_per_node * args.nnodes
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        return _usage(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if args.node_rank >= args.nnodes:
+        return _usage(f"--node-rank {args.node_rank} must be below --nnodes {args.nnodes}")
+    if cfg.global_batch % world:
+        return _usage(f"--global-batch {cfg.global_batch} does not divide by the world size {world} "
+                      f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            return _usage("--device cuda, but torch.cuda.is_available() is False on this machine; use --device cpu")
+        gpus = torch.cuda.device_count()
+        if cfg.backend in ("auto", "nccl") and args.nproc_per_node > gpus:
+            return _usage(f"--nproc-per-node {args.nproc_per_node} but this node has {gpus} GPU(s), and NCCL "
+                          f"refuses two ranks on one GPU; use at most {gpus} or add --backend gloo")
+    try:
+        if cfg.resume not in (None, "latest"):
+            resolve(cfg.resume)
+        elif cfg.resume is None and cfg.checkpoint_dir and read_latest(cfg.checkpoint_dir) is not None:
+            print(f"fsdp-lab train: checkpoint error: {cfg.checkpoint_dir} already holds checkpoints (latest: "
+                  f"{read_latest(cfg.checkpoint_dir).name}); pass --resume to continue them, or choose an empty "
+                  f"--checkpoint-dir", file=sys.stderr)
+            return int(ExitCode.CHECKPOINT)
+    except CheckpointError as err:
+        print(f"fsdp-lab train: checkpoint error: {err}", file=sys.stderr)
+        return int(ExitCode.CHECKPOINT)
+    return None
+
+
+def explain_failure(failures: dict) -> tuple[ExitCode, str]:
+    """Pick the rank that caused a failed job from torchrun's {global rank: ProcessFailure}. torchrun's own
+    "root cause" is the earliest exit, often a healthy rank that noticed its peer vanish, so prefer a rank that
+    died unexplained, then one that crashed, then checkpoint and usage errors; SIGTERM is torchrun stopping a
+    healthy rank."""
+    def code(f):
+        return f.exitcode
+
+    def describe(rank, f):
+        how = f"was killed by {f.signal_name()}" if code(f) < 0 else f"exited with code {code(f)}"
+        return f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}"
+
+    died = {r: f for r, f in failures.items() if code(f) not in (1, 2, 3, 4, 130, -int(signal.SIGTERM))}
+    for pool, exit_code, why in (
+            (died, ExitCode.RANK_FAILED, "it died without reporting an error; the other ranks were stopped"),
+            ({r: f for r, f in failures.items() if code(f) == 1}, ExitCode.ERROR, "Python error, traceback above"),
+            ({r: f for r, f in failures.items() if code(f) == 4}, ExitCode.CHECKPOINT, "checkpoint error above"),
+            ({r: f for r, f in failures.items() if code(f) == 2}, ExitCode.USAGE, "configuration error above"),
+            ({r: f for r, f in failures.items() if code(f) == 3}, ExitCode.RANK_FAILED,
+             "a collective failed or timed out: a peer (maybe on another node) died or stopped answering"),
+            ({r: f for r, f in failures.items() if code(f) == 130}, ExitCode.INTERRUPTED, "interrupted")):
+        if pool:
+            rank = min(pool)
+            return exit_code, f"{describe(rank, pool[rank])}: {why}"
+    rank = min(failures)
+    return ExitCode.RANK_FAILED, f"{describe(rank, failures[rank])}: stopped"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ValueError as err:
+        return _usage(str(err))
+    code = _check(args, cfg)
+    if code is not None:
+        return code
+    argv = torchrun_argv(args, cfg)
+    if args.print_command:
+        print(shlex.join([sys.executable, "-m", "torch.distributed.run", *argv]))
+        return int(ExitCode.OK)
+    if "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.nproc_per_node))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run as torchrun
+
+    world = args.nproc_per_node * args.nnodes
+    try:
+        torchrun(get_args_parser().parse_args(argv))
+    except ChildFailedError as err:
+        exit_code, message = explain_failure(err.failures)
+        print(f"fsdp-lab train: failed (exit {int(exit_code)}): {message}", file=sys.stderr, flush=True)
+        return int(exit_code)
+    except KeyboardInterrupt:
+        print("fsdp-lab train: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    print(f"fsdp-lab train: done: {cfg.steps} steps of {cfg.preset} on {world} rank(s), {cfg.strategy}",
+          file=sys.stderr)
+    return int(ExitCode.OK)
+
+
+def _is_collective_error(err: BaseException) -> bool:
+    import torch.distributed as dist
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        s in text for s in ("gloo", "NCCL", "nccl", "Connection", "Timed out", "timed out", "peer", "Socket"))
+
+
+def _exit(code: ExitCode, message: str) -> None:
+    """Leave now: a rank whose peers are gone could hang in destroy_process_group or in atexit handlers."""
+    print(message, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(int(code))
+
+
+def worker_entry(argv: list[str]) -> int:
+    """One rank: `python -m fsdp_lab.train <training flags>` under torchrun (or alone: a world of one)."""
+    parser = argparse.ArgumentParser(prog="python -m fsdp_lab.train", epilog=EPILOG)
+    add_training_arguments(parser)
+    try:
+        cfg = config_from_args(parser.parse_args(argv))
+    except ValueError as err:
+        return _usage(str(err))
+    import torch
+    import torch.distributed as dist
+
+    from fsdp_lab.checkpoint_files import CheckpointError
+    from fsdp_lab.train import train
+
+    if "RANK" not in os.environ:
+        from fsdp_lab.launch import free_port
+
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % max(1, torch.cuda.device_count()))
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cfg.device == "cuda" else "gloo")
+    try:
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
+        train(rank, world_size, cfg)
+    except CheckpointError as err:
+        _exit(ExitCode.CHECKPOINT, f"[rank {rank}] checkpoint error: {err}")
+    except ValueError as err:
+        _exit(ExitCode.USAGE, f"[rank {rank}] {err}")
+    except KeyboardInterrupt:
+        _exit(ExitCode.INTERRUPTED, f"[rank {rank}] interrupted")
+    except Exception as err:  # every failure must become an exit code, never a hang
+        where = f" in step {err.fsdp_lab_step}" if getattr(err, "fsdp_lab_step", None) else ""
+        if _is_collective_error(err):
+            _exit(ExitCode.RANK_FAILED, f"[rank {rank}] a collective failed{where} (a peer rank died, or did not "
+                                        f"answer within --timeout {cfg.timeout:g} s): {err}")
+        traceback.print_exc()
+        _exit(ExitCode.ERROR, f"[rank {rank}] crashed{where}: {type(err).__name__}: {err}")
+    dist.destroy_process_group()
+    return int(ExitCode.OK)
+
+
+if __name__ == "__main__":
+    sys.exit(worker_entry(sys.argv[1:]))

@@ -1,0 +1,247 @@
+"""Sharded checkpoints: atomic saves, exact reload into other world sizes and strategies, full state dict, export.
+
+One 4-rank job tells the whole story (spawning ranks is the expensive part on a 2-core machine): save at step 2
+on 4 ranks, break the next save half-way, then reload step 2 on sub-groups of 2, 3 and 1 ranks under other
+strategies and check the weights, AdamW's moments and the next step's loss against the 4-rank run.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fsdp_lab import FSDP, checkpoint, checkpoint_layout
+from fsdp_lab import checkpoint_files as files
+from fsdp_lab.checkpoint_files import CheckpointError
+from fsdp_lab.launch import run_on_ranks
+from fsdp_lab.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
+from fsdp_lab.strategy import ShardingStrategy
+from fsdp_lab.wrap import ModuleWrapPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
+
+
+def _model(strategy, group=None, preset="tiny"):
+    model = FSDP(build_gpt(preset, seed=0), process_group=group, sharding_strategy=strategy,
+                 auto_wrap_policy=ModuleWrapPolicy({Block}))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _train_step(model, opt, index, group=None):
+    x, y = batch_for_step(PRESETS["tiny"], index, 12)
+    r, n = dist.get_rank(group), dist.get_world_size(group)
+    loss = model(rank_slice(x, r, n), rank_slice(y, r, n))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total = loss.detach().reshape(1).clone()
+    dist.all_reduce(total, group=group)
+    return total.item() / n
+
+
+def _full_optim_state(model, opt, name):
+    """Every group's optimizer state `name`, gathered and unpadded: comparable across world sizes."""
+    out = {}
+    for key, _unit, group in checkpoint_layout.groups(model):
+        state = opt.state[group.shard][name]
+        if model.sharding_strategy is ShardingStrategy.NO_SHARD:
+            full = state
+        else:
+            full = torch.empty(group.padded_numel)
+            _all_gather(full, state.contiguous(), group=model._ctx.group)
+        out[key] = full[:group.numel].clone()
+    return out
+
+
+def _same(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+class _BreakAfterWrite:
+    """A DCP writer whose rank 1 fails after its own files are on disk: a save interrupted half-way."""
+
+    def __new__(cls, path):
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        class Broken(FileSystemWriter):
+            def write_data(self, plan, planner):
+                future = super().write_data(plan, planner)
+                future.wait()
+                if dist.get_rank() == 1:
+                    raise OSError("simulated failure after this rank wrote its files")
+                return future
+
+        return Broken(path)
+
+
+def _story(rank, world_size, tmp):
+    ckdir = Path(tmp) / "ck"
+    out = {}
+    model, opt = _model("FULL_SHARD")
+    initial = checkpoint.full_state_dict(model)
+    if rank == 0:
+        plain = build_gpt("tiny", seed=0).state_dict()
+        out["initial_keys"] = (list(initial), list(plain))
+        out["initial_equal"] = _same(initial, plain)
+    else:
+        out["nonzero_rank_state"] = len(initial)
+    losses = [_train_step(model, opt, i) for i in range(2)]
+    published = checkpoint.save(model, opt, ckdir, 2)
+    saved_model = checkpoint.full_state_dict(model)
+    saved_adam = _full_optim_state(model, opt, "exp_avg_sq")
+    out["published"] = str(published)
+    if rank == 0:
+        torch.save(saved_model, Path(tmp) / "at_step2.pt")
+    dist.barrier()
+    saved_model = torch.load(Path(tmp) / "at_step2.pt")  # full_state_dict gave it to rank 0 only
+    out["loss3_world4"] = _train_step(model, opt, 2)
+    try:
+        checkpoint.save(model, opt, ckdir, 3, writer_factory=_BreakAfterWrite)
+        out["interrupted"] = None
+    except CheckpointError as err:
+        out["interrupted"] = str(err)
+    if rank == 0:
+        out["latest_after_failure"] = files.read_latest(ckdir).name
+        out["tmp_left"] = sorted(p.name for p in files.tmp_dir(ckdir, 3).iterdir())
+    # Reload step 2 (through `latest`) on other world sizes and strategies, then take the same step 3.
+    groups = {ranks: dist.new_group(list(ranks)) for ranks in ((0, 1), (2, 3), (1, 2, 3), (0,))}
+    phases = [{(0, 1): "FULL_SHARD", (2, 3): "ZERO1"}, {(1, 2, 3): "FULL_SHARD", (0,): "NO_SHARD"}]
+    for phase in phases:
+        for ranks, strategy in phase.items():
+            if rank not in ranks:
+                continue
+            group = groups[ranks]
+            fresh, fresh_opt = _model(strategy, group)
+            meta = checkpoint.load(fresh, fresh_opt, ckdir)
+            label = f"{len(ranks)} ranks {strategy}"
+            state = checkpoint.full_state_dict(fresh)
+            out[f"{label}: step"] = meta["step"]
+            out[f"{label}: adam equal"] = _same(_full_optim_state(fresh, fresh_opt, "exp_avg_sq"), saved_adam)
+            if dist.get_rank(group) == 0:
+                out[f"{label}: weights equal"] = _same(state, saved_model)
+            out[f"{label}: loss3"] = _train_step(fresh, fresh_opt, 2, group)
+    if rank in (0, 1):
+        small, small_opt = _model("FULL_SHARD", groups[(0, 1)], preset="small")
+        try:
+            checkpoint.load(small, small_opt, ckdir)
+        except CheckpointError as err:
+            out["wrong_model"] = str(err)
+    dist.barrier()
+    checkpoint.save(model, opt, ckdir, 3)  # a later save removes the half-written leftovers
+    if rank == 0:
+        out["latest_final"] = files.read_latest(ckdir).name
+        out["leftovers"] = sorted(p.name for p in ckdir.iterdir() if p.name.startswith(".tmp"))
+    out["losses"] = losses
+    return out
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ckpt")
+    return tmp, run_on_ranks(_story, 4, str(tmp), timeout_s=240, collective_timeout_s=120, threads_per_rank=1)
+
+
+def test_full_state_dict_is_the_plain_models_state_dict(story):
+    _tmp, results = story
+    keys, plain_keys = results[0]["initial_keys"]
+    assert keys == plain_keys
+    assert results[0]["initial_equal"], "full_state_dict of an untrained model differs from build_gpt's weights"
+    assert all(r["nonzero_rank_state"] == 0 for r in results[1:])
+
+
+def test_interrupted_save_keeps_the_previous_checkpoint(story):
+    tmp, results = story
+    assert all(r["interrupted"] and "simulated failure" in r["interrupted"] for r in results), results
+    assert "still names the previous checkpoint" in results[0]["interrupted"]
+    assert results[0]["latest_after_failure"] == "step_00000002"
+    assert any(name.endswith(".distcp") for name in results[0]["tmp_left"]), "no file was written before the break"
+    assert ".metadata" not in results[0]["tmp_left"]
+    assert results[0]["latest_final"] == "step_00000003" and results[0]["leftovers"] == []
+    assert not (Path(tmp) / "ck" / "latest.tmp").exists()
+
+
+@pytest.mark.parametrize("label, ranks", [("2 ranks FULL_SHARD", (0, 1)), ("2 ranks ZERO1", (2, 3)),
+                                          ("3 ranks FULL_SHARD", (1, 2, 3)), ("1 ranks NO_SHARD", (0,))])
+def test_reload_into_another_world_size_and_strategy(story, label, ranks):
+    _tmp, results = story
+    first = results[ranks[0]]
+    assert first[f"{label}: weights equal"], f"{label}: weights differ from the 4-rank run at step 2"
+    for r in ranks:
+        assert results[r][f"{label}: step"] == 2
+        assert results[r][f"{label}: adam equal"], f"{label}: AdamW exp_avg_sq differs on rank {r}"
+        assert results[r][f"{label}: loss3"] == pytest.approx(results[0]["loss3_world4"], rel=1e-5, abs=1e-6)
+
+
+def test_wrong_model_is_refused_by_name(story):
+    _tmp, results = story
+    message = results[0]["wrong_model"]
+    assert "does not fit this model" in message and "blocks.0/params" in message and "saved 49408" in message
+
+
+def test_export_loads_into_the_plain_gpt_without_fsdp_lab(story, tmp_path):
+    tmp, _results = story
+    out = tmp_path / "gpt_step2.pt"
+    meta = checkpoint.export_checkpoint(Path(tmp) / "ck" / "step_00000002", out)
+    assert meta["step"] == 2 and meta["world_size"] == 4
+    script = textwrap.dedent(f"""
+        import importlib.util, sys, torch
+        spec = importlib.util.spec_from_file_location("course_gpt", {str(REPO / "fsdp_lab" / "models.py")!r})
+        models = sys.modules["course_gpt"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(models)
+        gpt = models.GPT(models.GPTConfig(**{meta["model_config"]!r}))
+        state = torch.load({str(out)!r}, weights_only=True)
+        assert list(state) == list(gpt.state_dict()), (list(state), list(gpt.state_dict()))
+        gpt.load_state_dict(state, strict=True)
+        ref = torch.load({str(Path(tmp) / "at_step2.pt")!r}, weights_only=True)
+        assert all(torch.equal(state[k], ref[k]) for k in ref)
+        assert not [m for m in sys.modules if m.startswith("fsdp_lab")]
+        print("loaded", len(state), "tensors")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "loaded 21 tensors" in done.stdout
+
+
+def test_checkpoint_module_cli_reports_and_exports(story, tmp_path):
+    tmp, _results = story
+    from fsdp_lab.checkpoint import _main
+
+    assert _main(["info", str(Path(tmp) / "ck")]) == 0
+    assert _main(["export", str(Path(tmp) / "nowhere"), str(tmp_path / "x.pt")]) == 4
+
+
+def test_latest_pointer_and_step_dirs(tmp_path):
+    assert files.read_latest(tmp_path) is None
+    tmp = files.prepare_tmp(tmp_path, 5)
+    with pytest.raises(CheckpointError, match="save did not complete"):
+        files.publish(tmp_path, 5)
+    (tmp / files.DCP_METADATA).write_bytes(b"x")
+    final = files.publish(tmp_path, 5)
+    assert final.name == "step_00000005" and files.read_latest(tmp_path) == final
+    assert files.resolve(tmp_path) == final and files.resolve(final) == final
+    with pytest.raises(CheckpointError, match="already exists"):
+        files.prepare_tmp(tmp_path, 5)
+    (tmp_path / files.LATEST).write_text("step_00000009\n")
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        files.read_latest(tmp_path)
+    (tmp_path / files.LATEST).write_text("../../etc\n")
+    with pytest.raises(CheckpointError, match="should name a step directory"):
+        files.read_latest(tmp_path)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        files.resolve(tmp_path / "missing")
+
+
+def test_meta_records_layout_for_the_export(story):
+    tmp, _results = story
+    meta = json.loads((Path(tmp) / "ck" / "step_00000002" / files.META_FILE).read_text())
+    root = next(u for u in meta["units"] if u["key"] == "<root>/params")
+    tied = next(s for s in root["slots"] if "lm_head.weight" in s["names"])
+    assert tied["names"] == ["wte.weight", "lm_head.weight"] and tied["shape"] == [256, 64]
+    assert meta["strategy"] == "FULL_SHARD" and meta["world_size"] == 4

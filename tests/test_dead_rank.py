@@ -1,0 +1,62 @@
+"""A rank that dies or hangs mid-step ends the whole job quickly with a message naming it: never a hang.
+
+The failures are injected with FSDP_LAB_FAULT=KIND:RANK:STEP (see fsdp_lab.train.Fault). Each job gets a hard
+subprocess timeout far above what it should need; the assertions on wall time are the real check.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fsdp_lab import checkpoint
+from fsdp_lab import checkpoint_files as files
+from fsdp_lab.train import FAULT_EXIT
+
+REPO = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT = 150  # the subprocess is killed after this; the job must end far sooner
+
+
+def fsdp_lab_train(*argv, env, timeout):
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fsdp_lab", "train", *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env={**os.environ, **env})
+    return done.returncode, done.stdout, done.stderr, time.monotonic() - t0
+
+
+def test_a_rank_that_dies_mid_step_stops_the_job_and_is_named(tmp_path):
+    code, out, err, secs = fsdp_lab_train("--nproc-per-node", 2, "--steps", 5, "--json-log", tmp_path / "log.jsonl",
+                                          "--no-progress", "--timeout", 120,
+                                          env={"FSDP_LAB_FAULT": "die:1:2"}, timeout=JOB_TIMEOUT)
+    assert code == 3, err
+    assert "rank 1 (local rank 1, pid" in err and f"exited with code {FAULT_EXIT}" in err
+    assert "it died without reporting an error; the other ranks were stopped" in err
+    assert "[rank 0] a collective failed in step 2" in err
+    # torchrun notices the death at once: the 120 s collective timeout is never waited for
+    assert secs < 60, f"the job took {secs:.0f} s to end"
+    assert [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()] == [1]
+    assert "step     1/5" in out and "step     2/5" not in out
+
+
+def test_a_rank_that_hangs_fails_its_peers_after_the_collective_timeout():
+    code, _out, err, secs = fsdp_lab_train("--nproc-per-node", 2, "--steps", 5, "--no-progress", "--timeout", 3,
+                                           env={"FSDP_LAB_FAULT": "hang:1:2"}, timeout=JOB_TIMEOUT)
+    assert code == 3, err
+    assert "[rank 0] a collective failed in step 2" in err and "--timeout 3 s" in err
+    assert "rank 0 (local rank 0, pid" in err and "a collective failed or timed out" in err
+    assert secs < 60, f"the job took {secs:.0f} s to end"
+
+
+def test_a_rank_killed_inside_a_save_leaves_the_previous_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    code, _out, err, secs = fsdp_lab_train("--nproc-per-node", 2, "--steps", 4, "--checkpoint-dir", ck,
+                                           "--checkpoint-every", 2, "--no-progress", "--timeout", 120,
+                                           env={"FSDP_LAB_FAULT": "die-in-save:1:4"}, timeout=JOB_TIMEOUT)
+    assert code == 3, err
+    assert "rank 1 (local rank 1" in err and secs < 60
+    assert files.read_latest(ck).name == "step_00000002"
+    half = files.tmp_dir(ck, 4)
+    assert (half / "__1_0.distcp").is_file() and not (half / files.DCP_METADATA).exists()
+    meta = checkpoint.export_checkpoint(ck, tmp_path / "gpt.pt")  # the previous checkpoint still loads
+    assert meta["step"] == 2
