@@ -1,0 +1,179 @@
+"""Chapter 03 in a real browser: JupyterLab in headless Chromium runs every cell, Play advances the potluck, the
+charts render. Screenshots land in artifacts/ (gitignored): the page and each widget.
+
+The server serves a temporary copy of the notebook, so JupyterLab's autosave can never rewrite the committed file,
+and it gets its own settings and workspace directories, so nothing from a user's JupyterLab leaks in. Skipped,
+with the reason, when Chromium or playwright is missing (CI installs both).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fsdp_lab.launch import free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = ROOT / "notebooks" / "03-lifecycle.ipynb"
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = os.environ.get("FSDP_LAB_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync"]
+# Every cell in the DOM (no virtual scrolling), so the test can find widgets far down the notebook.
+SETTINGS = {"@jupyterlab/notebook-extension": {"tracker.jupyterlab-settings": {"windowingMode": "none",
+                                                                              "autoStartDefaultKernel": True}},
+            "@jupyterlab/apputils-extension": {"notification.jupyterlab-settings": {"fetchNews": "false"}}}
+
+
+def _need_browser():
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install playwright; Chromium comes from the system)")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.skip(f"Chromium not found at {CHROMIUM} (apt-get install -y chromium, or set FSDP_LAB_CHROMIUM)")
+
+
+def _get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on a free port with a random token; always shut down, kernels first."""
+    _need_browser()
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    settings = tmp_path / "settings"
+    for plugin, files in SETTINGS.items():
+        for name, value in files.items():
+            (settings / plugin).mkdir(parents=True, exist_ok=True)
+            (settings / plugin / name).write_text(json.dumps(value))
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    log = open(tmp_path / "jupyter.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
+         "--LabApp.extension_manager=readonly", "--LabApp.news_url=None",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                _get(f"{base}/api/status?token={token}")
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start (exit {server.poll()}): "
+                                       f"{(tmp_path / 'jupyter.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield base, token, root
+    finally:
+        try:
+            for kernel in _get(f"{base}/api/kernels?token={token}"):
+                req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+                urllib.request.urlopen(req, timeout=20).close()
+        except OSError:
+            pass  # the server is already gone; terminating it below is all that is left
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=10)
+        log.close()
+
+
+def _menu(page, top: str, item: str) -> None:
+    page.get_by_role("menuitem", name=top, exact=True).click()
+    page.get_by_role("menuitem", name=item, exact=True).click()
+
+
+def _counts(page) -> list:
+    return [p.strip().strip("[]:").strip() for p in page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()]
+
+
+def _wait_for_all_cells(page, n_code: int, timeout_s: float) -> None:
+    """Done when the code cells show the counts 1..n of a fresh kernel: the committed outputs were cleared
+    first, so old counts cannot pass for new ones."""
+    deadline, want = time.monotonic() + timeout_s, [str(i) for i in range(1, n_code + 1)]
+    while time.monotonic() < deadline:
+        if _counts(page) == want:
+            return
+        page.wait_for_timeout(500)
+    raise AssertionError(f"cells did not all finish within {timeout_s:.0f} s; prompts: {_counts(page)}")
+
+
+def test_chapter_03_runs_plays_and_draws(lab):
+    from playwright.sync_api import sync_playwright
+
+    base, token, _root = lab
+    n_code = sum(c["cell_type"] == "code" for c in json.loads(NOTEBOOK.read_text())["cells"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1500})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}", wait_until="domcontentloaded")
+            page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)  # the kernel is up
+            _menu(page, "Edit", "Clear Outputs of All Cells")
+            assert all(c == "" for c in _counts(page)), _counts(page)
+            _menu(page, "Run", "Run All Cells")
+            _wait_for_all_cells(page, n_code, timeout_s=240)
+
+            errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+            assert errors.count() == 0, f"stderr or errors in the outputs: {errors.all_inner_texts()}"
+
+            potluck = page.locator(".widget-vbox:has(.widget-play)").first
+            potluck.scroll_into_view_if_needed()
+            readout = potluck.locator(".widget-readout").first
+            before, label_before = readout.inner_text(), potluck.locator(".widget-html").last.inner_text()
+            potluck.screenshot(path=str(ARTIFACTS / "browser-ch03-potluck-start.png"))
+            potluck.locator(".widget-play button").first.click()  # ▶
+            # Let it play into the backward pass (about 10 s), so the screenshot shows gradient shards too.
+            page.wait_for_function("([el, v]) => Number(el.innerText) >= Number(v) + 30",
+                                   arg=[readout.element_handle(), before], timeout=60_000)
+            after = readout.inner_text()
+            assert int(after) > int(before)
+            assert potluck.locator(".widget-html").last.inner_text() != label_before
+            page.screenshot(path=str(ARTIFACTS / "browser-ch03.png"))
+            potluck.screenshot(path=str(ARTIFACTS / "browser-ch03-potluck.png"))
+
+            chart = page.locator(".widget-vbox:has(.widget-hprogress)").first
+            chart.scroll_into_view_if_needed()
+            image = chart.locator(".widget-output img").first
+            image.wait_for()
+            assert image.evaluate("img => img.complete && img.naturalWidth > 300")
+            chart.screenshot(path=str(ARTIFACTS / "browser-ch03-memory-chart.png"))
+
+            planner = page.locator(".widget-vbox:has(.widget-toggle-buttons)").first
+            planner.scroll_into_view_if_needed()
+            assert planner.locator(".widget-output img").first.evaluate("img => img.naturalWidth > 300")
+            assert "measured" in planner.inner_text() and "16Φ/N" in planner.inner_text()
+            planner.screenshot(path=str(ARTIFACTS / "browser-ch03-planner.png"))
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "browser-ch03-failure.png"))
+            (ARTIFACTS / "browser-ch03-failure.html").write_text(page.content())
+            raise
+        finally:
+            browser.close()
