@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test || exit 1
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-microhei >/dev/null) \
     || echo "warning: could not install chromium; the browser test will say why it is skipped"
 fi
 python3 -m pytest "$@"
