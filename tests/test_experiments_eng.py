@@ -112,3 +112,32 @@ def test_minifsdp_matches_real_collectives_on_two_ranks():
         mini.sgd_step(i, slices, lr=0.1)
         np.testing.assert_allclose(mini.gather_layer(i, keep_padding=True), ranks[1]["gathered_after_step"][i],
                                    rtol=0, atol=1e-6)
+
+
+def test_misconceptions_fsdp_vs_ddp_and_granularity():
+    from fsdp_lab import formulas
+    from fsdp_lab.experiments.misconceptions import run_misconceptions
+
+    results = run_misconceptions(world_size=2, preset="tiny", steps=2, wrappings=("whole", "leaf"), timeout_s=240)
+    for r in results:
+        fsdp, ddp = r["strategies"]["FULL_SHARD"], r["strategies"]["NO_SHARD"]
+        assert max(abs(a - b) for a, b in zip(fsdp["losses"], ddp["losses"])) < 1e-5  # same math
+        assert fsdp["calls"] == {"all_gather": 5, "reduce_scatter": 3} and ddp["calls"] == {"all_reduce": 3}
+        assert 2 * fsdp["persistent_bytes"] < ddp["persistent_bytes"] * 1.01
+        root_regather = formulas.c_gather(fsdp["root_padded_numel"], 2, dtype_bytes=4)
+        full = formulas.comm_bytes_per_step("FULL_SHARD", fsdp["numel_padded_total"], 2, 4, 4)
+        assert fsdp["bytes_sent"] == full - root_regather
+        assert ddp["bytes_sent"] == formulas.comm_bytes_per_step("NO_SHARD", ddp["numel_padded_total"], 2, 4, 4)
+        assert 1.3 < fsdp["bytes_sent"] / ddp["bytes_sent"] < 1.5
+        g = r["granularity"]
+        assert g["leaf"]["collectives"] > g["whole"]["collectives"]
+
+
+def test_bf16_masters_lose_updates_that_fp32_masters_keep():
+    from fsdp_lab.experiments.misconceptions import accumulate, master_precision
+
+    assert accumulate(1e-3, 1000, 1.0) == {"float32": pytest.approx(2.0, abs=1e-3), "bfloat16": 1.0}
+    runs = master_precision(lr=1e-4, steps=3)
+    fp32, bf16 = runs["fp32 masters"], runs["bf16 masters"]
+    assert bf16["frozen_by_kind"]["LayerNorm weights"] == 1.0 and fp32["frozen_by_kind"]["LayerNorm weights"] == 0.0
+    assert bf16["frozen"][-1] > 0.3 > 0.05 > fp32["frozen"][-1]
