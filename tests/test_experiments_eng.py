@@ -67,7 +67,7 @@ def test_granularity_trades_collectives_for_peak_memory(engineering):
 def test_prefetch_overlaps_gathers_with_compute_and_costs_a_unit(engineering):
     _, results = engineering
     for rank, r in enumerate(results):
-        none, pre = r["prefetch"]["no prefetch"], r["prefetch"]["prefetch (async gathers)"]
+        none, pre = r["prefetch"]["no prefetch"], r["prefetch"]["prefetch"]
         assert overlaps(spans(none["events"], rank=rank)) == []
         ov = overlaps(spans(pre["events"], rank=rank))
         assert {(o["beat"], o["gathered"], o["computing"]) for o in ov} >= {("gather", "blocks.1", "blocks.0"),

@@ -25,9 +25,7 @@ from fsdp_lab.models import batch_for_step, rank_slice
 # it ends when its gradient is ready and reduce-scattered.
 BEATS = {"gather": ("gather_start", "gather_end"), "forward": ("forward_start", "forward_end"),
          "regather": ("regather_start", "regather_end"), "backward": ("backward_start", "reduce_scatter")}
-PREFETCH = {"no prefetch": dict(), "prefetch (async gathers)": dict(forward_prefetch=True,
-                                                                   backward_prefetch="BACKWARD_PRE",
-                                                                   async_gathers=True)}
+PREFETCH = {"no prefetch": dict(), "prefetch": dict(forward_prefetch=True, backward_prefetch="BACKWARD_PRE")}
 
 
 def spans(events: list[dict], rank: int = 0, step: Optional[int] = None) -> list[dict]:
@@ -75,7 +73,7 @@ def _trimmed(result: dict) -> dict:
 
 
 def prefetch_runs(rank: int, world_size: int, base: WrapRun) -> dict:
-    """The same steps without and with prefetch (forward + BACKWARD_PRE, gathers issued asynchronously)."""
+    """The same steps without and with prefetch (forward_prefetch and BACKWARD_PRE)."""
     return {name: _trimmed(train_wrapped(rank, world_size, base.with_(**opts))) for name, opts in PREFETCH.items()}
 
 

@@ -3,8 +3,10 @@
 The article (工程实践): bigger units mean fewer collectives but a higher peak; smaller units the reverse. Each
 wrapping here trains the same steps on the same ranks; from the trace we read the largest amount of gathered
 parameters at any event (the peak "on the table") and how many collectives one step issued. `train_wrapped` is
-also the training loop of the engineering and misconceptions experiments: it adds prefetch, async gathers and
-activation checkpointing to the plain loop of fsdp_lab.experiments.common.
+also the training loop of the engineering and misconceptions experiments: it adds prefetch and
+activation checkpointing to the plain loop of fsdp_lab.experiments.common. With prefetch on, the runtime issues
+the prefetched gathers asynchronously (on gloo, a work handle waited on when the unit needs its parameters: see
+[Note: async collectives] in fsdp_lab/context.py), which is what lets them overlap compute.
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
@@ -92,7 +94,6 @@ class WrapRun:
     lr: float = 1e-3
     forward_prefetch: bool = False
     backward_prefetch: Optional[str] = None
-    async_gathers: bool = False
     activation_checkpointing: bool = False
     count_saved: bool = False
 
@@ -113,10 +114,6 @@ def build_wrapped(run: WrapRun) -> FSDP:
     base = build_gpt(config_for(run.preset))
     model = FSDP(base, sharding_strategy=run.strategy, auto_wrap_policy=policy_for(run.wrapping, base),
                  forward_prefetch=run.forward_prefetch, backward_prefetch=run.backward_prefetch)
-    # [Note: async gathers on CPU] A prefetched gather overlaps compute only if it is issued asynchronously. The
-    # runtime keeps that switch on its run context (gloo returns a work handle; the unit waits on it when it
-    # needs its parameters); it is off by default, so we turn it on where a run asks for overlap.
-    model._ctx.async_comm = run.async_gathers
     if run.activation_checkpointing:
         apply_checkpointing(model)
     return model
