@@ -136,8 +136,9 @@ def _usage(message: str) -> int:
     return int(ExitCode.USAGE)
 
 
-def _check(args, cfg) -> int | None:
-    """Everything that can be known before starting processes; returns an exit code or None."""
+def _check(args, cfg, machine: bool = True) -> int | None:
+    """Everything that can be known before starting processes; returns an exit code or None. With
+    machine=False (--print-command: the command may be meant for another machine) only the flags are checked."""
     import torch
 
     from fsdp_lab.checkpoint_files import CheckpointError, read_latest, resolve
@@ -150,6 +151,8 @@ def _check(args, cfg) -> int | None:
     if cfg.global_batch % world:
         return _usage(f"--global-batch {cfg.global_batch} does not divide by the world size {world} "
                       f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
+    if not machine:
+        return None
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             return _usage("--device cuda, but torch.cuda.is_available() is False on this machine; use --device cpu")
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     except ValueError as err:
         return _usage(str(err))
-    code = _check(args, cfg)
+    code = _check(args, cfg, machine=not args.print_command)
     if code is not None:
         return code
     argv = torchrun_argv(args, cfg)
@@ -288,7 +291,12 @@ def worker_entry(argv: list[str]) -> int:
         traceback.print_exc()
         _exit(ExitCode.ERROR, f"[rank {rank}] crashed{where}: {type(err).__name__}: {err}")
     dist.destroy_process_group()
-    return int(ExitCode.OK)
+    # The work is done and flushed. Skip interpreter teardown: a native thread dying there (seen once as
+    # "terminate called without an active exception", SIGABRT after a complete run) would turn a finished job
+    # into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(ExitCode.OK))
 
 
 if __name__ == "__main__":
