@@ -21,17 +21,17 @@ NAME = "check"
 HELP = "Report GPUs, CUDA/NCCL/torch versions and whether 2-rank gloo works; say which chapters run live here."
 
 # (chapter, title, has live multi-rank runs, shows GPU memory). Mirrors the notebooks' order (DESIGN §5).
-CHAPTERS = (
-    ("00", "Welcome and setup", False, False),
-    ("01", "Core idea", False, False),
-    ("02", "Sharding", False, False),
-    ("03", "Forward and backward lifecycle", True, False),
-    ("04", "Mixed precision", True, True),
-    ("05", "ZeRO comparison", True, True),
+CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (replayed from shipped traces off-GPU))
+    ("00", "Welcome and setup", True, False),
+    ("01", "Core idea", True, False),
+    ("02", "Sharding", True, False),
+    ("03", "Forward and backward lifecycle", True, True),
+    ("04", "Mixed precision", True, False),
+    ("05", "ZeRO comparison", True, False),
     ("06", "Engineering practice", True, True),
     ("07", "When to use it: GPU planner", False, False),
-    ("08", "Python demo", False, False),
-    ("09", "Misconceptions", False, False),
+    ("08", "Python demo", True, False),
+    ("09", "Misconceptions", True, False),
     ("10", "Interview quiz", False, False),
 )
 
