@@ -113,11 +113,10 @@ class Fault:
         text = (env if env is not None else os.environ).get(FAULT_ENV, "")
         if not text:
             return None
-        parts = text.split(":")
-        if len(parts) != 3 or parts[0] not in ("die", "hang", "die-in-save") or not all(
-                p.isdigit() for p in parts[1:]):
+        kind, *numbers = text.split(":")
+        if kind not in ("die", "hang", "die-in-save") or len(numbers) != 2 or not all(n.isdigit() for n in numbers):
             raise ValueError(f"{FAULT_ENV}={text!r}: expected KIND:RANK:STEP with KIND die, hang or die-in-save")
-        return cls(parts[0], int(parts[1]), int(parts[2]))
+        return cls(kind, int(numbers[0]), int(numbers[1]))
 
     def fire(self, kind: str, rank: int, step: int) -> None:
         if (kind, rank, step) != (self.kind, self.rank, self.step):
@@ -145,9 +144,7 @@ class _PeakTracer(Tracer):
     """The step's highest count of FSDP's live bytes (params, grads, optimizer state; not activations) over its
     lifecycle events: the CPU stand-in for torch.cuda.max_memory_allocated."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.peak = 0
+    peak = 0  # reset by each step; an int, so an instance's update never touches the class
 
     def emit(self, *args, **kwargs):
         record = super().emit(*args, **kwargs)
@@ -167,8 +164,7 @@ def apply_activation_checkpointing(model: FSDP) -> None:
 
 
 def build(cfg: TrainConfig, device: torch.device):
-    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg.mixed_precision == "bf16" \
-        else None
+    mp = MixedPrecision(torch.bfloat16, torch.float32) if cfg.mixed_precision == "bf16" else None
     model = FSDP(build_gpt(cfg.preset, seed=cfg.seed), sharding_strategy=cfg.strategy,
                  auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp,
                  device_id=device if device.type == "cuda" else None, forward_prefetch=cfg.prefetch,
@@ -198,7 +194,8 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> int:
 
 def _memory(model, optimizer, tracer, device) -> dict:
     mem = model.memory_report(optimizer).as_dict()
-    mem["peak_total"] = tracer.peak
+    if model._ctx.tracer is tracer:  # per-event accounting is on (always on CPU)
+        mem["peak_total"] = tracer.peak
     if device.type == "cuda":
         mem["cuda_max_allocated"] = torch.cuda.max_memory_allocated(device)
         mem["cuda_reserved"] = torch.cuda.memory_reserved(device)
@@ -222,8 +219,9 @@ def _step(model, optimizer, cfg: TrainConfig, step: int, rank: int, world_size: 
     optimizer.step()
     total = loss.detach().float().reshape(1).clone()
     dist.all_reduce(total)
+    loss_value = total.item() / world_size  # .item() waits for the GPU: the time below is the real step time
     dt = time.perf_counter() - t0
-    return {"step": step, "loss": total.item() / world_size, "tokens_per_s": x.numel() * world_size / dt,
+    return {"step": step, "loss": loss_value, "tokens_per_s": x.numel() * world_size / dt,
             "step_time_s": dt, "world_size": world_size, "t": time.time(),
             "memory": _memory(model, optimizer, tracer, device)}
 
@@ -236,9 +234,9 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
     fault = Fault.from_env()
     if cfg.global_batch % world_size:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cfg.device == "cuda" \
-        else torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))  # one GPU per rank; with gloo, ranks may share GPUs
+    device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cfg.device == "cuda" else None
+    device = device or torch.device("cpu")
     model, optimizer = build(cfg, device)
     start = _resume(cfg, model, optimizer, (lambda text: print(text, file=out, flush=True)) if rank == 0
                     else (lambda text: None))
@@ -254,6 +252,8 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
     bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
                disable=rank != 0 or not cfg.progress)
     records, step = [], start
+    if start >= cfg.steps and rank == 0:
+        bar.write(f"the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to train", file=out)
     try:
         for step in range(start + 1, cfg.steps + 1):
             record = _step(model, optimizer, cfg, step, rank, world_size, device, tracer, fault)
