@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import checkpoint
+from fsdp_lab.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.api import FSDP
 from fsdp_lab.checkpoint_files import read_latest
 from fsdp_lab.mixed_precision import MixedPrecision
@@ -150,17 +151,6 @@ class _PeakTracer(Tracer):
         record = super().emit(*args, **kwargs)
         self.peak = max(self.peak, record["mem"].get("total", 0))
         return record
-
-
-def apply_activation_checkpointing(model: FSDP) -> None:
-    """Recompute each Block's forward in backward (torch.utils.checkpoint, non-reentrant). Applied after FSDP
-    wrapping, so the unit (the Block) sits inside the wrapper: the recomputation re-enters the unit's forward
-    hooks during backward, which see ctx.in_backward and neither record nor free."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl, apply_activation_checkpointing as apply_ac, checkpoint_wrapper)
-
-    apply_ac(model.module, check_fn=lambda m: isinstance(m, Block),
-             checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
 
 
 def build(cfg: TrainConfig, device: torch.device):
