@@ -34,18 +34,29 @@ def ring_bytes(kind: str, total_bytes: int, world_size: int) -> CommBytes:
 
 
 class PendingWork:
-    """An async collective plus what to do once it lands (copy-out). `wait()` is idempotent."""
+    """A collective in flight plus what to do once it lands (copy-out). `wait()` is idempotent.
 
-    def __init__(self, work, finish=None):
-        self._work, self._finish, self.done = work, finish, False
+    `work` is a torch.distributed work handle (or another PendingWork); `event` a CUDA event recorded on the side
+    stream after the work was queued there; `keep` holds tensors that must outlive the work (see [Note: memory
+    across streams] in fsdp_lab/streams.py). On CUDA, `wait()` makes the *current* stream wait, so call it on
+    the stream that will use the result; on CPU it blocks until the data is there."""
+
+    __slots__ = ("_work", "_finish", "_event", "_keep", "done")
+
+    def __init__(self, work=None, finish=None, event=None, keep=()):
+        self._work, self._finish, self._event, self._keep, self.done = work, finish, event, keep, False
 
     def wait(self):
-        if not self.done:
-            if self._work is not None:
-                self._work.wait()
-            self.done = True
-            if self._finish is not None:
-                return self._finish()
+        if self.done:
+            return None
+        if self._work is not None:
+            self._work.wait()
+        if self._event is not None:
+            self._event.wait()  # the current stream waits for the side stream; the host does not block
+        self.done = True
+        self._work, self._event, self._keep = None, None, ()
+        if self._finish is not None:
+            return self._finish()
         return None
 
 
@@ -64,18 +75,28 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, group, world_size
     return PendingWork(work if async_op else None), nbytes
 
 
+def all_gather_cast(output: torch.Tensor, master_shard: torch.Tensor, group, world_size: int,
+                    async_op: bool = False) -> tuple[PendingWork, CommBytes]:
+    """Copy-in (cast the fp32 master shard to output's dtype) → all-gather into `output`. At world size 1 this
+    is a single cast-copy; otherwise the cast buffer is kept alive until the work is waited for."""
+    if world_size == 1:
+        return all_gather_flat(output, master_shard, group, world_size)  # copy_ casts as it copies
+    send = master_shard if master_shard.dtype == output.dtype else master_shard.to(output.dtype)
+    work, nbytes = all_gather_flat(output, send, group, world_size, async_op)
+    return PendingWork(work, keep=(send,)), nbytes
+
+
 def reduce_scatter_mean(full_grad: torch.Tensor, group, world_size: int, reduce_dtype: torch.dtype,
                         async_op: bool = False) -> tuple[PendingWork, CommBytes, torch.Tensor]:
     """Sum every rank's full gradient and keep this rank's chunk, divided by N (gloo has no AVG op).
     Returns (work, bytes, output); `output` is valid after `work.wait()`."""
     send = full_grad if full_grad.dtype == reduce_dtype else full_grad.to(reduce_dtype)
-    out = torch.empty(send.numel() // world_size, dtype=reduce_dtype, device=send.device)
     nbytes = ring_bytes("reduce_scatter", send.numel() * send.element_size(), world_size)
-    if world_size == 1:
-        out.copy_(send)
-        return PendingWork(None), nbytes, out
+    if world_size == 1:  # the (cast) gradient is already this rank's whole shard: no copy
+        return PendingWork(None), nbytes, send
+    out = torch.empty(send.numel() // world_size, dtype=reduce_dtype, device=send.device)
     work = _reduce_scatter(out, send, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
-    return PendingWork(work if async_op else None, lambda: out.div_(world_size)), nbytes, out
+    return PendingWork(work if async_op else None, lambda: out.div_(world_size), keep=(send,)), nbytes, out
 
 
 def all_reduce_mean(grad: torch.Tensor, group, world_size: int, reduce_dtype: torch.dtype,

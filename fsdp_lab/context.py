@@ -2,6 +2,12 @@
 
 It is owned by the root FSDP object and handed to each unit, so there is no module-level state: two models in one
 notebook (or a cell re-run) never see each other's flags.
+
+[Note: async collectives] `async_comm` says whether collectives are issued with async_op=True and waited for
+where their result is needed. Left as None it is chosen here: on CUDA with NCCL always (waiting on a handle makes
+the compute stream wait, it never blocks the host); on CPU with gloo when some prefetch is on (a prefetched
+gather then runs in gloo's threads while the previous unit computes); otherwise off. gloo with CUDA tensors
+(several ranks sharing one GPU, a memory-only setup) stays synchronous: its collectives block the host anyway.
 """
 from __future__ import annotations
 
@@ -9,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 
 from fsdp_lab.collectives import NO_COMM, CommBytes
 from fsdp_lab.mixed_precision import MixedPrecision
 from fsdp_lab.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.streams import CommStreams, ReduceQueue
 
 
 @dataclass
@@ -28,15 +36,27 @@ class RunContext:
     forward_prefetch: bool = False
     backward_prefetch: Optional[BackwardPrefetch] = None
     max_gathers_in_flight: int = 2
-    async_comm: bool = False
+    async_comm: Optional[bool] = None  # None: chosen in __post_init__ ([Note: async collectives])
+    max_reduces_in_flight: int = 2
     # -- flags of the step in progress ----------------------------------------------------------------------
     sync_gradients: bool = True
     in_backward: bool = False
     final_callback_queued: bool = False
     forward_order: list = field(default_factory=list)
+    post_forward_order: list = field(default_factory=list)
     order_frozen: bool = False
     tracer: Any = None
     on_backward_start: Optional[Callable[[], None]] = None
+    streams: Optional[CommStreams] = None
+    reduces: Optional[ReduceQueue] = None
+
+    def __post_init__(self):
+        if self.async_comm is None:
+            self.async_comm = default_async_comm(self)
+        if self.streams is None:
+            self.streams = CommStreams(self.device)
+        if self.reduces is None:
+            self.reduces = ReduceQueue(self.streams, self.max_reduces_in_flight)
 
     def emit(self, event: str, unit: str, phase: str, comm: CommBytes = NO_COMM, **extra) -> None:
         if self.tracer is not None:
@@ -44,12 +64,32 @@ class RunContext:
                              **extra)
 
     def record_forward(self, unit) -> None:
-        """The first forward's unit order drives prefetch: next in forward, previous in backward."""
+        """The first forward's order of pre-forward hooks drives forward prefetch (the next unit to start)."""
         if not self.order_frozen and unit not in self.forward_order:
             self.forward_order.append(unit)
 
+    def record_post_forward(self, unit) -> None:
+        """The first forward's order of post-forward hooks, reversed, is the order backward reaches the units: the
+        root starts forward first but finishes it last, so its backward (the head) comes first, then the last
+        block's. torch's FSDP prefetches in backward by the same order."""
+        if not self.order_frozen and unit not in self.post_forward_order:
+            self.post_forward_order.append(unit)
+
     def neighbour(self, unit, step: int):
-        if unit not in self.forward_order:
+        """step=+1: the unit whose forward starts after `unit`'s; step=-1: the unit whose backward comes next."""
+        order = self.forward_order if step > 0 else self.post_forward_order
+        if unit not in order:
             return None
-        i = self.forward_order.index(unit) + step
-        return self.forward_order[i] if 0 <= i < len(self.forward_order) else None
+        i = order.index(unit) + (1 if step > 0 else -1)
+        return order[i] if 0 <= i < len(order) else None
+
+def default_async_comm(ctx: RunContext) -> bool:
+    if ctx.world_size == 1:
+        return False  # nothing is communicated
+    try:
+        backend = str(dist.get_backend(ctx.group)).lower()
+    except (RuntimeError, ValueError):
+        return False
+    if ctx.device.type == "cuda":
+        return backend != "gloo"
+    return backend == "gloo" and (ctx.forward_prefetch or ctx.backward_prefetch is not None)

@@ -9,6 +9,14 @@ of the unit (also when it ran several forwards) has produced its gradient: that 
 so that is when we reduce it and free the parameters. A unit with frozen parameters also waits until the
 gradients of its inputs exist (a pass-through autograd node on its inputs), since computing those still reads
 the frozen weights. If neither signal can fire, the root's end-of-backward callback frees the unit.
+
+[Note: overlap] A gather is issued (state GATHERING) and waited for (state UNSHARDED) in two separate places, so
+that prefetch can issue the next unit's gather while this one computes: forward_prefetch in pre_forward,
+BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced. At most
+ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
+on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/streams.py explains the ordering and
+the memory rules); on CPU with gloo they run asynchronously in gloo's threads. Reductions are waited for at the
+latest by the root's end-of-backward callback.
 """
 from __future__ import annotations
 
@@ -17,9 +25,9 @@ import enum
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fsdp_lab.collectives import (NO_COMM, CommBytes, PendingWork, all_gather_flat, all_reduce_mean,
-                                  reduce_scatter_mean)
-from fsdp_lab.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.collectives import CommBytes
+from fsdp_lab.strategy import BackwardPrefetch
+from fsdp_lab.streams import gather_group, label, reduce_group
 
 
 class UnitState(enum.Enum):
@@ -97,48 +105,30 @@ class Unit:
                                f"{self.state.name}")
         self.state = nxt
 
-    def gather(self, phase: str, async_op: bool = False) -> None:
-        """Start the all-gather of every group (copy-in casts the fp32 shard to the compute dtype)."""
+    def gather(self, phase: str, wait: bool = True) -> None:
+        """Issue the all-gather of every group (copy-in casts the fp32 shard to the compute dtype); with
+        wait=False (prefetch) the unit stays GATHERING until wait_gathered()."""
         if self.state is not UnitState.SHARDED:
             return
         self._transition("gather")
         event = "regather" if phase == "backward" else "gather"
         self.ctx.emit(f"{event}_start", self.name, phase)
         total_sent, total_recv = 0, 0
-        for group in self.groups:
-            work, comm = self._gather_group(group, async_op)
-            self._pending.append(work)
-            total_sent, total_recv = total_sent + comm.sent, total_recv + comm.received
+        with label(f"fsdp_lab::{event} {self.name}"):
+            for group in self.groups:
+                work, comm = gather_group(self.ctx, group)
+                self._pending.append(work)
+                total_sent, total_recv = total_sent + comm.sent, total_recv + comm.received
         self._gather_comm = (event, phase, total_sent, total_recv)
-        if not async_op:
+        if wait:
             self.wait_gathered()
-
-    def _gather_group(self, group, async_op):
-        strategy = self.ctx.strategy
-        with torch.no_grad():
-            if strategy is ShardingStrategy.NO_SHARD:
-                if not group.persistent_full:
-                    group.alloc_full().copy_(group.shard.detach())
-                return PendingWork(None), NO_COMM
-            if strategy is ShardingStrategy.ZERO1:
-                # Replicas are stale only after the optimizer changed the shards (bumping their version).
-                work, comm = PendingWork(None), NO_COMM
-                if group.shard._version != group.replica_version:
-                    group.replica_version = group.shard._version
-                    work, comm = all_gather_flat(group.replica.data, group.shard.detach().clone(),
-                                                 self.ctx.group, self.ctx.world_size, async_op)
-                if not group.persistent_full:
-                    work.wait()
-                    group.alloc_full().copy_(group.replica.data)
-                return work, comm
-            send = group.shard.detach().to(group.compute_dtype)
-            return all_gather_flat(group.alloc_full(), send, self.ctx.group, self.ctx.world_size, async_op)
 
     def wait_gathered(self) -> None:
         if self.state is not UnitState.GATHERING:
             return
-        for work in self._pending:
-            work.wait()
+        with self.ctx.streams.on_compute():
+            for work in self._pending:
+                work.wait()
         self._pending.clear()
         self._transition("gathered")
         event, phase, sent, recv = self._gather_comm
@@ -162,6 +152,8 @@ class Unit:
     # -- forward -------------------------------------------------------------------------------------------
     def pre_forward(self, module, args, kwargs):
         recompute = self.ctx.in_backward  # activation checkpointing re-runs forward inside backward
+        if self.is_root and not recompute:
+            self.ctx.streams.begin_forward()
         self.ensure_unsharded("backward" if recompute else "forward")
         if not recompute:
             self.ctx.record_forward(self)
@@ -190,6 +182,7 @@ class Unit:
         self.ctx.emit("forward_end", self.name, "backward" if recompute else "forward")
         if recompute:
             return output
+        self.ctx.record_post_forward(self)
         hooked = False
         if torch.is_grad_enabled():
             for t in tree_flatten(output)[0]:
@@ -228,7 +221,7 @@ class Unit:
             return
         in_flight = sum(1 for u in self.ctx.forward_order if u.state is UnitState.GATHERING)
         if in_flight < self.ctx.max_gathers_in_flight:
-            unit.gather(phase, async_op=self.ctx.async_comm)
+            unit.gather(phase, wait=False)
 
     def _on_grad_ready(self, group) -> None:
         grad, group.full.grad = group.full.grad, None
@@ -252,7 +245,9 @@ class Unit:
             self.free("backward")
 
     def finish_backward(self) -> None:
-        """Root's end-of-backward duty: free whatever no hook could free (unused or frozen-only units)."""
+        """Root's end-of-backward duty: wait for every reduction, free whatever no hook could free (unused or
+        frozen-only units)."""
+        self.ctx.reduces.drain()
         if self.state is not UnitState.SHARDED:
             self.free("backward")
         self._backward_pending = False
@@ -270,25 +265,4 @@ class Unit:
             return
         if group.grad_stash is not None:
             grad, group.grad_stash = group.grad_stash.add_(grad), None
-        strategy = ctx.strategy
-        if strategy.shards_params:
-            work, comm, out = reduce_scatter_mean(grad, ctx.group, ctx.world_size, ctx.reduce_dtype)
-            event = "reduce_scatter"
-        else:
-            work, comm, out = all_reduce_mean(grad, ctx.group, ctx.world_size, ctx.reduce_dtype)
-            event = "all_reduce"
-        work.wait()
-        with torch.no_grad():
-            if strategy is ShardingStrategy.ZERO1:
-                if group.replica_grad is None:
-                    group.replica_grad = torch.zeros_like(group.replica)
-                if group.shard.grad is None:
-                    group.replica_grad.copy_(out)
-                else:
-                    group.replica_grad.add_(out)
-                group.shard.grad = group.my_chunk(group.replica_grad)
-            elif group.shard.grad is None:
-                group.shard.grad = out.to(group.shard.dtype)
-            else:
-                group.shard.grad.add_(out)
-        ctx.emit(event, self.name, "backward", comm)
+        reduce_group(ctx, group, grad, self.name)

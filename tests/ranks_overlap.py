@@ -22,7 +22,8 @@ class Spy:
 
     def emit(self, event, unit, phase, **_):
         states = {u.name: u.state.name for u in self.model.units}
-        self.events.append({"step": self.step, "event": event, "unit": unit, "phase": phase, "states": states})
+        self.events.append({"step": self.step, "event": event, "unit": unit, "phase": phase, "states": states,
+                            "reduces_pending": len(self.model._ctx.reduces)})
 
     def on_backward_end(self):
         self.step += 1
@@ -101,3 +102,84 @@ def prefetch_trace(rank, world_size, forward_prefetch, backward_prefetch, limit=
 
 def gathering_count(states: dict) -> int:
     return sum(1 for s in states.values() if s == UnitState.GATHERING.name)
+
+
+class FakeCuda:
+    """Stands in for torch.cuda in fsdp_lab.streams.CommStreams on CPU: streams and events that only record
+    what waited for what, in one log shared with a Spy (so the log interleaves with lifecycle events)."""
+
+    def __init__(self, log):
+        self.log, self._current, self._events = log, None, 0
+        self.default = self.Stream(name="compute")
+        self._current = self.default
+
+    def Stream(self, device=None, name=None):  # noqa: N802 (mirrors torch.cuda.Stream)
+        fake = self
+        index = sum(1 for e in self.log if e.get("kind") == "new_stream")
+        self.log.append({"kind": "new_stream"})
+
+        class _Stream:
+            label = name or ("gather" if index == 1 else "reduce")
+
+            def wait_stream(self, other):
+                fake.log.append({"kind": "wait_stream", "stream": self.label, "on": other.label})
+
+            def record_event(self):
+                fake._events += 1
+                event = _Event(fake, self.label, fake._events)
+                fake.log.append({"kind": "record", "stream": self.label, "id": event.id})
+                return event
+
+        return _Stream()
+
+    def current_stream(self, device=None):
+        return self._current
+
+    def stream(self, stream):
+        fake = self
+
+        class _Ctx:
+            def __enter__(self):
+                self.previous, fake._current = fake._current, stream
+
+            def __exit__(self, *exc):
+                fake._current = self.previous
+
+        return _Ctx()
+
+
+class _Event:
+    def __init__(self, fake, stream, index):
+        self.fake, self.stream, self.id = fake, stream, index
+
+    def wait(self, stream=None):
+        waiter = (stream or self.fake.current_stream()).label
+        self.fake.log.append({"kind": "wait_event", "stream": waiter, "id": self.id, "of": self.stream})
+
+
+class LoggingSpy(Spy):
+    def __init__(self, model, log):
+        super().__init__(model)
+        self.log = log
+
+    def emit(self, event, unit, phase, **kw):
+        super().emit(event, unit, phase, **kw)
+        self.log.append({"kind": "lifecycle", **self.events[-1]})
+
+
+def fake_stream_run(rank, world_size, strategy="FULL_SHARD"):
+    """Train two steps with the CUDA code path switched on over fake streams; return the log and results."""
+    from fsdp_lab.streams import CommStreams, ReduceQueue
+
+    base = build_gpt("tiny")
+    model = FSDP(base, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                 forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+    log = []
+    fake = FakeCuda(log)
+    ctx = model._ctx
+    ctx.streams = CommStreams(torch.device("cpu"), cuda=fake)
+    ctx.reduces = ReduceQueue(ctx.streams, ctx.max_reduces_in_flight)
+    model.set_tracer(LoggingSpy(model, log))
+    losses = _train(rank, world_size, model, base, steps=2)
+    model.set_tracer(None)
+    return {"log": log, "losses": losses, "params": _full_params(model), "limit": ctx.max_reduces_in_flight}
