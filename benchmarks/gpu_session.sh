@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# One GPU session: the GPU checks, `fsdp-lab bench` at 369M and 1.3B (world size 1, NCCL) with a profiler trace
+# of one overlapped step, and a memory-only bench of two gloo ranks sharing the GPU. Everything lands in $OUT.
+#
+#   bash benchmarks/gpu_session.sh                 # on the H200, from the repo root (OUT defaults to ./gpu_out)
+#   bash benchmarks/gpu_session.sh --cpu-smoke     # the same steps on CPU with the tiny preset (about 2 minutes)
+#
+# Needs only python3 with torch (nothing pip-installed: PYTHONPATH=. is set here); pytest is optional. Each step
+# has its own timeout, cut to what is left of the session budget (BUDGET_S, default 400 s), so one hang cannot
+# eat the session. Files written (6; leave room for 2 more):
+#   log.txt               everything printed, with each step's command, exit code and duration
+#   gpu_checks.txt        PASS/FAIL per check (benchmarks/gpu_checks.py)
+#   bench_369m.json       last line of `fsdp-lab bench --device cuda --preset 369m`
+#   bench_1.3b.json       same at 1.3B
+#   overlap_trace.json.gz torch.profiler Chrome trace of one fsdp_lab step at 369M (+ lifecycle events, summary)
+#   gloo_mem.json         memory-only bench, 369M, 2 gloo ranks on one GPU
+set -u
+cd "$(dirname "$0")/.."
+MODE=gpu
+if [ "${1:-}" = "--cpu-smoke" ]; then MODE=cpu; fi
+OUT=${OUT:-./gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/log.txt"
+: > "$LOG"
+PY=${PYTHON:-python3}
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+BUDGET_S=${BUDGET_S:-400}
+T0=$(date +%s)
+FAILED=()
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+# step NAME LIMIT_S CMD...: run CMD with a timeout of min(LIMIT_S, what is left), output appended to the log.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( BUDGET_S - ($(date +%s) - T0) ))
+  if [ "$left" -lt 20 ]; then say "=== SKIP $name: only ${left}s of the budget left"; FAILED+=("$name(skipped)"); return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  say "=== $name (timeout ${limit}s): $*"
+  local start rc
+  start=$(date +%s)
+  timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  say "=== $name: exit $rc after $(( $(date +%s) - start ))s (session at $(( $(date +%s) - T0 ))s)"
+  [ "$rc" -ne 0 ] && FAILED+=("$name(exit $rc)")
+}
+
+say "=== gpu_session mode=$MODE date=$(date -u +%FT%TZ) host=$(hostname) out=$OUT"
+say "commit: $(git rev-parse HEAD 2>/dev/null || echo 'no git checkout here')"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())" 2>&1 | tee -a "$LOG"
+
+if [ "$MODE" = gpu ]; then
+  DEV=(--device cuda); BIG=369m; HUGE=1.3b; SHORT=(); CHECKS=()
+else
+  DEV=(--device cpu --nproc-per-node 1); BIG=tiny; HUGE=small; SHORT=(--rounds 2 --steps-per-round 2); CHECKS=(--cpu-smoke)
+fi
+
+step gpu_checks 150 "$PY" benchmarks/gpu_checks.py "${CHECKS[@]}" --out "$OUT/gpu_checks.txt"
+step "bench_$BIG" 150 "$PY" -m fsdp_lab bench "${DEV[@]}" --preset "$BIG" "${SHORT[@]}" \
+  --trace "$OUT/overlap_trace.json.gz" --json-out "$OUT/bench_369m.json" --timeout 140
+step "bench_$HUGE" 170 "$PY" -m fsdp_lab bench "${DEV[@]}" --preset "$HUGE" "${SHORT[@]}" \
+  --json-out "$OUT/bench_1.3b.json" --timeout 160
+if [ "$MODE" = gpu ]; then
+  step gloo_mem 130 "$PY" -m fsdp_lab bench --device cuda --backend gloo --nproc-per-node 2 --preset 369m \
+    --memory-only --memory-steps 2 --json-out "$OUT/gloo_mem.json" --timeout 120
+else
+  step gloo_mem 90 "$PY" -m fsdp_lab bench --device cpu --backend gloo --nproc-per-node 2 --preset tiny \
+    --memory-only --json-out "$OUT/gloo_mem.json" --timeout 80
+fi
+
+# The same checks through pytest, if this machine has it and time is left (the plain script above is the record).
+if "$PY" -c "import pytest" >/dev/null 2>&1; then
+  if [ "$MODE" = gpu ]; then
+    step pytest_gpu 120 "$PY" -m pytest tests/test_gpu.py -q -p no:cacheprovider -o addopts=""
+  else
+    say "=== pytest tests/test_gpu.py: skipped in --cpu-smoke (its tests skip without CUDA)"
+  fi
+else
+  say "=== pytest is not installed here: skipped tests/test_gpu.py (gpu_checks.txt holds the same checks)"
+fi
+
+say "=== files in $OUT:"
+ls -la "$OUT" | tee -a "$LOG"
+if [ "${#FAILED[@]}" -eq 0 ]; then
+  say "=== gpu_session done in $(( $(date +%s) - T0 ))s: every step exited 0"
+else
+  say "=== gpu_session done in $(( $(date +%s) - T0 ))s: problems: ${FAILED[*]}"
+fi
+exit 0

@@ -1,0 +1,272 @@
+"""`fsdp-lab bench`: fsdp_lab against torch FSDP2 and plain single-device training, on the same GPT and batches.
+
+One run builds the three setups of fsdp_lab.bench_runners on every rank and times them round-robin after a
+warm-up: each round runs a few steps of each setup, the order rotating from round to round, so clock or thermal
+drift hits all three alike. Reported per setup: the median step time (the slowest rank's), tokens/s, TFLOP/s and
+peak memory; the last line of the command's output is one JSON object (see `summarize`).
+
+[Note: what is measured]
+- Step: forward + backward + AdamW step + zero_grad(set_to_none). CUDA: time between CUDA events recorded after
+  each step, with no host sync inside the timed steps. CPU: time.perf_counter around each step.
+- FLOPs per step and rank = tokens · (6·Φ + 12·L·d·T): Φ the parameter count (tied weight once), L layers, d the
+  width, T the sequence length (the attention term counts QKᵀ and AV forward and backward, no causal discount).
+  TFLOP/s is per rank.
+- Memory, CUDA: torch.cuda.max_memory_allocated() over `memory_steps` steps of one setup built alone (the other
+  two not allocated), peak stats reset right after building it; max over ranks.
+- Memory, CPU: the bytes of parameters, gradients and optimizer state a rank holds right after backward (before
+  optimizer.step): fsdp_lab's memory_report, and the same count over local tensors (DTensor.to_local()) for FSDP2
+  and plain. Activations are not included on CPU. Max over ranks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_lab.bench_runners import MODES, OPTIMIZERS, build_runner
+from fsdp_lab.models import PRESETS, batch_for_step, count_params, rank_slice
+
+FLOPS_FORMULA = "tokens * (6 * params + 12 * n_layer * n_embd * seq_len), per rank and step"
+MEMORY_METRIC = {
+    "cuda": "torch.cuda.max_memory_allocated() over the memory steps of one setup built alone (peak stats reset "
+            "after building it); max over ranks",
+    "cpu": "bytes of parameters + gradients + optimizer state held right after backward (fsdp_lab: memory_report; "
+           "fsdp2/plain: local tensors); activations excluded; max over ranks",
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    preset: str = "tiny"
+    device: str = "cpu"
+    nproc: int = 1
+    backend: str = "auto"  # auto: nccl on CUDA with one rank per GPU, gloo otherwise
+    batch: int = 8  # sequences per rank
+    seq_len: Optional[int] = None  # default: the preset's block size
+    warmup: int = 3
+    rounds: int = 5
+    steps_per_round: int = 5
+    memory_steps: int = 3
+    optimizer: Optional[str] = None  # default: fused on CUDA, foreach on CPU (the same for all setups)
+    lr: float = 3e-4
+    modes: tuple = MODES
+    memory_only: bool = False
+    trace: Optional[str] = None  # write a profiler trace of one fsdp_lab step here (rank 0)
+    timeout_s: float = 900.0
+
+    def __post_init__(self):
+        def bad(field, value, expected):
+            raise ValueError(f"bench: {field}={value!r} is not valid; expected {expected}")
+
+        if self.preset not in PRESETS:
+            bad("preset", self.preset, f"one of {sorted(PRESETS)}")
+        if self.device not in ("cpu", "cuda"):
+            bad("device", self.device, "'cpu' or 'cuda'")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            bad("backend", self.backend, "'auto', 'gloo' or 'nccl'")
+        if self.backend == "nccl" and self.device != "cuda":
+            bad("backend", self.backend, "gloo on CPU (nccl needs --device cuda)")
+        for field in ("nproc", "batch", "rounds", "steps_per_round", "memory_steps"):
+            if getattr(self, field) < 1:
+                bad(field, getattr(self, field), "a positive integer")
+        if self.warmup < 2:
+            bad("warmup", self.warmup, "at least 2 (optimizer state exists from the second step)")
+        cfg = PRESETS[self.preset]
+        if self.seq_len is not None and not 1 <= self.seq_len <= cfg.block_size:
+            bad("seq_len", self.seq_len, f"1..{cfg.block_size} (the preset's block size)")
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            bad("optimizer", self.optimizer, f"one of {OPTIMIZERS}")
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown or not self.modes:
+            bad("modes", self.modes, f"a non-empty subset of {MODES}")
+        object.__setattr__(self, "modes", tuple(m for m in MODES if m in self.modes))
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "nccl" if self.device == "cuda" and self.nproc <= max(1, _gpu_count()) else "gloo"
+
+    @property
+    def resolved_optimizer(self) -> str:
+        return self.optimizer or ("fused" if self.device == "cuda" else "foreach")
+
+    @property
+    def resolved_seq_len(self) -> int:
+        return self.seq_len or PRESETS[self.preset].block_size
+
+
+def _gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _device(cfg: BenchConfig, rank: int) -> torch.device:
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    index = rank % _gpu_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _batches(cfg: BenchConfig, rank: int, world_size: int, device: torch.device, n: int = 4) -> list:
+    model_cfg, T = PRESETS[cfg.preset], cfg.resolved_seq_len
+    out = []
+    for step in range(n):
+        x, y = batch_for_step(model_cfg, step, cfg.batch * world_size, T)
+        out.append((rank_slice(x, rank, world_size).to(device), rank_slice(y, rank, world_size).to(device)))
+    return out
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _memory_phase(cfg, mode, batches, device) -> dict:
+    """CUDA: build one setup alone, reset the peak, run the memory steps; report peak and state bytes."""
+    runner = build_runner(mode, PRESETS[cfg.preset], device, cfg.resolved_optimizer, cfg.lr)
+    probe = {}
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    for i in range(max(cfg.memory_steps, 2)):
+        last = i == max(cfg.memory_steps, 2) - 1
+        runner.step(*batches[i % len(batches)], after_backward=(lambda r: probe.update(r.state_bytes())) if last
+                    else None)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(device)
+    del runner
+    _release(device)
+    return {"peak_memory_bytes": peak, "state_bytes": probe}
+
+
+def _timed_steps(runner, batches, start: int, n: int, device) -> tuple[list, torch.Tensor]:
+    if device.type == "cuda":
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+        torch.cuda.synchronize()
+        events[0].record()
+        for i in range(n):
+            loss = runner.step(*batches[(start + i) % len(batches)])
+            events[i + 1].record()
+        torch.cuda.synchronize()
+        return [events[i].elapsed_time(events[i + 1]) / 1e3 for i in range(n)], loss
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        loss = runner.step(*batches[(start + i) % len(batches)])
+        times.append(time.perf_counter() - t0)
+    return times, loss
+
+
+def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
+    """What one rank measures (runs under fsdp_lab.launch.run_on_ranks)."""
+    device = _device(cfg, rank)
+    batches = _batches(cfg, rank, world_size, device)
+    result = {mode: {} for mode in cfg.modes}
+    if device.type == "cuda":
+        for mode in cfg.modes:
+            result[mode].update(_memory_phase(cfg, mode, batches, device))
+            dist.barrier()
+    if cfg.memory_only and device.type == "cuda":
+        return result
+    runners = {m: build_runner(m, PRESETS[cfg.preset], device, cfg.resolved_optimizer, cfg.lr) for m in cfg.modes}
+    steps_done = dict.fromkeys(cfg.modes, 0)
+    for mode, runner in runners.items():
+        for i in range(cfg.warmup):
+            probe = (lambda r, m=mode: result[m].update(state_bytes=r.state_bytes())) \
+                if i == cfg.warmup - 1 and device.type == "cpu" else None
+            runner.step(*batches[i % len(batches)], after_backward=probe)
+        steps_done[mode] = cfg.warmup
+        if device.type == "cpu":
+            result[mode]["peak_memory_bytes"] = result[mode]["state_bytes"]["total"]
+    if not cfg.memory_only:
+        for r in range(cfg.rounds):
+            order = cfg.modes[r % len(cfg.modes):] + cfg.modes[:r % len(cfg.modes)]
+            for mode in order:
+                dist.barrier()
+                times, loss = _timed_steps(runners[mode], batches, steps_done[mode], cfg.steps_per_round, device)
+                steps_done[mode] += cfg.steps_per_round
+                result[mode].setdefault("step_times_s", []).extend(times)
+                result[mode]["final_loss"] = float(loss)
+    if cfg.trace and "fsdp_lab" in runners:
+        from fsdp_lab.bench_trace import record_step_trace
+
+        dist.barrier()
+        try:
+            result["trace"] = record_step_trace(runners["fsdp_lab"], batches[0], cfg.trace, write=rank == 0)
+        except Exception as exc:  # the numbers above stay useful if only the trace fails
+            result["trace"] = {"error": f"{type(exc).__name__}: {exc}"}
+    del runners
+    _release(device)
+    return result
+
+
+def summarize(cfg: BenchConfig, per_rank: list[dict], wall_s: float, env: dict) -> dict:
+    """The JSON the command prints last. Ratios are fsdp_lab's figure divided by the other setup's."""
+    model_cfg, T = PRESETS[cfg.preset], cfg.resolved_seq_len
+    with torch.device("meta"):
+        from fsdp_lab.models import GPT
+        n_params = count_params(GPT(model_cfg))
+    tokens_rank = cfg.batch * T
+    flops_rank = tokens_rank * (6 * n_params + 12 * model_cfg.n_layer * model_cfg.n_embd * T)
+    results = {}
+    for mode in cfg.modes:
+        ranks = [r[mode] for r in per_rank]
+        row = {"peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
+               "state_bytes": ranks[0].get("state_bytes")}
+        if not cfg.memory_only:
+            median = max(statistics.median(r["step_times_s"]) for r in ranks)
+            row.update(median_step_s=median, min_step_s=min(ranks[0]["step_times_s"]),
+                       max_step_s=max(ranks[0]["step_times_s"]), steps_timed=len(ranks[0]["step_times_s"]),
+                       tokens_per_s=tokens_rank * len(per_rank) / median, tflops_per_s=flops_rank / median / 1e12,
+                       final_loss=ranks[0].get("final_loss"))
+        results[mode] = row
+
+    def ratio(key, other):
+        if "fsdp_lab" not in results or other not in results or key not in results[other]:
+            return None
+        return results["fsdp_lab"][key] / results[other][key]
+
+    config = {**dataclasses.asdict(cfg), "modes": list(cfg.modes), "backend": cfg.resolved_backend,
+              "optimizer": cfg.resolved_optimizer, "seq_len": T, "world_size": cfg.nproc, "params": n_params,
+              "tokens_per_step_per_rank": tokens_rank, "dtype": "bf16 compute, fp32 master weights and reduction",
+              **env}
+    out = {"config": config, "flops_formula": FLOPS_FORMULA, "flops_per_step_per_rank": flops_rank,
+           "memory_metric": MEMORY_METRIC[cfg.device], "results": results,
+           "step_time_ratio_vs_fsdp2": ratio("median_step_s", "fsdp2"),
+           "step_time_ratio_vs_plain": ratio("median_step_s", "plain"),
+           "peak_memory_ratio_vs_fsdp2": ratio("peak_memory_bytes", "fsdp2"),
+           "peak_memory_ratio_vs_plain": ratio("peak_memory_bytes", "plain"), "wall_s": wall_s}
+    trace = per_rank[0].get("trace")
+    if trace is not None:
+        out["trace"] = trace
+    return out
+
+
+def environment(device: str) -> dict:
+    env = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    if device == "cuda" and torch.cuda.is_available():
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    return env
+
+
+def run_bench(cfg: BenchConfig) -> dict:
+    from fsdp_lab.launch import run_on_ranks
+
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("bench --device cuda: torch.cuda.is_available() is False on this machine")
+        if cfg.resolved_backend == "nccl" and cfg.nproc > _gpu_count():
+            raise ValueError(f"bench: {cfg.nproc} ranks on {_gpu_count()} GPU(s) with nccl: NCCL refuses two ranks "
+                             f"on one GPU. Use --backend gloo (memory only) or --nproc-per-node {_gpu_count()}")
+    start = time.perf_counter()
+    per_rank = run_on_ranks(bench_rank, cfg.nproc, cfg, timeout_s=cfg.timeout_s, backend=cfg.resolved_backend,
+                            collective_timeout_s=max(60.0, cfg.timeout_s / 2))
+    return summarize(cfg, per_rank, time.perf_counter() - start, environment(cfg.device))

@@ -1,0 +1,98 @@
+"""`fsdp-lab bench`: fsdp_lab against torch FSDP2 and plain single-device training on the same GPT.
+
+    fsdp-lab bench --device cpu --nproc-per-node 2 --preset tiny       # CI: gloo, about half a minute
+    fsdp-lab bench --device cuda --preset 369m                         # one GPU, NCCL, world size 1
+    fsdp-lab bench --device cuda --preset 369m --backend gloo --nproc-per-node 2 --memory-only
+
+A table first, then one JSON object on the last line (what fsdp_lab.bench.summarize returns; the ratios are
+fsdp_lab's figure over the other setup's). Exit codes: 0 ok, 2 bad options or no such device, 1 a rank failed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+NAME = "bench"
+HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/s, TFLOP/s, peak memory)."
+
+
+def add_arguments(p) -> None:
+    from fsdp_lab.bench_runners import MODES, OPTIMIZERS
+    from fsdp_lab.models import PRESETS
+
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="ranks to spawn (default: 2 on CPU, 1 on CUDA)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl on CUDA with one rank per GPU, gloo otherwise")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--batch", type=int, default=8, help="sequences per rank and step (default 8)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's block)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per setup before the rounds")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps-per-round", type=int, default=5)
+    p.add_argument("--memory-steps", type=int, default=3, help="CUDA: steps of each setup alone for its peak")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                   help="AdamW implementation for all setups (default: fused on CUDA, foreach on CPU)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    p.add_argument("--memory-only", action="store_true", help="measure memory only (e.g. gloo ranks on one GPU)")
+    p.add_argument("--trace", default=None, metavar="PATH.json.gz",
+                   help="also write a profiler trace of one fsdp_lab step (Chrome trace, gzipped)")
+    p.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON result to PATH")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before all ranks are killed")
+
+
+def _gib(n) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
+
+
+def format_table(result: dict) -> str:
+    cfg = result["config"]
+    lines = [f"fsdp-lab bench: preset {cfg['preset']} ({cfg['params'] / 1e6:.1f}M params), {cfg['device']} "
+             f"{cfg.get('gpu', '')}, {cfg['world_size']} rank(s) on {cfg['backend']}, batch {cfg['batch']}x"
+             f"{cfg['seq_len']} per rank, AdamW {cfg['optimizer']}, torch {cfg['torch']}",
+             f"{'setup':<10}{'median step':>13}{'tokens/s':>12}{'TFLOP/s':>10}{'peak memory':>14}{'loss':>9}"]
+    for mode, row in result["results"].items():
+        if "median_step_s" in row:
+            lines.append(f"{mode:<10}{row['median_step_s'] * 1e3:>10.1f} ms{row['tokens_per_s']:>12.0f}"
+                         f"{row['tflops_per_s']:>10.2f}{_gib(row['peak_memory_bytes']):>14}{row['final_loss']:>9.3f}")
+        else:
+            lines.append(f"{mode:<10}{'-':>13}{'-':>12}{'-':>10}{_gib(row['peak_memory_bytes']):>14}{'-':>9}")
+    for key in ("step_time_ratio_vs_fsdp2", "step_time_ratio_vs_plain", "peak_memory_ratio_vs_fsdp2"):
+        if result.get(key) is not None:
+            lines.append(f"{key}: {result[key]:.3f}")
+    lines.append(f"memory: {result['memory_metric']}")
+    lines.append(f"FLOPs: {result['flops_formula']}")
+    if "trace" in result:
+        lines.append(f"trace: {json.dumps(result['trace'])}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from fsdp_lab.bench import BenchConfig, run_bench
+    from fsdp_lab.launch import RankFailed
+
+    nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
+    try:
+        cfg = BenchConfig(preset=args.preset, device=args.device, nproc=nproc, backend=args.backend,
+                          batch=args.batch, seq_len=args.seq_len, warmup=args.warmup, rounds=args.rounds,
+                          steps_per_round=args.steps_per_round, memory_steps=args.memory_steps,
+                          optimizer=args.optimizer, modes=tuple(m.strip() for m in args.modes.split(",") if m),
+                          memory_only=args.memory_only, trace=args.trace, timeout_s=args.timeout)
+        result = run_bench(cfg)
+    except (ValueError, RuntimeError) as exc:
+        if isinstance(exc, (RankFailed, TimeoutError)):
+            print(f"fsdp-lab bench: {exc}", file=sys.stderr)
+            return 1
+        print(f"fsdp-lab bench: {exc}", file=sys.stderr)
+        return 2
+    except TimeoutError as exc:
+        print(f"fsdp-lab bench: {exc}", file=sys.stderr)
+        return 1
+    line = json.dumps(result)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    print(format_table(result))
+    print(line, flush=True)
+    return 0

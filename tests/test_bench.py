@@ -1,0 +1,122 @@
+"""`fsdp-lab bench` on CPU: the command runs end to end on 2 gloo ranks and its last line is a JSON object with the
+keys and sane values (no speed assertion: timings on a shared CI machine are not evidence). Also: options are
+validated, the trace's overlap arithmetic is right, and the GPU session script runs in its CPU smoke mode."""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsdp_lab.bench import BenchConfig
+from fsdp_lab.bench_trace import overlap_summary
+from fsdp_lab.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@pytest.fixture(scope="module")
+def cpu_bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [sys.executable, "-m", "fsdp_lab", "bench", "--device", "cpu", "--nproc-per-node", "2", "--preset", "tiny",
+           "--trace", str(out / "trace.json.gz"), "--json-out", str(out / "bench.json")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), out, proc.stdout
+
+
+def test_last_line_is_json_with_the_promised_keys(cpu_bench):
+    result, out, _ = cpu_bench
+    for key in ("config", "step_time_ratio_vs_fsdp2", "peak_memory_ratio_vs_fsdp2", "step_time_ratio_vs_plain",
+                "results", "flops_formula", "memory_metric"):
+        assert key in result, key
+    cfg = result["config"]
+    assert (cfg["preset"], cfg["device"], cfg["world_size"], cfg["backend"]) == ("tiny", "cpu", 2, "gloo")
+    assert json.loads((out / "bench.json").read_text()) == result
+
+
+def test_values_are_positive_and_consistent(cpu_bench):
+    result, _, _ = cpu_bench
+    for key in ("step_time_ratio_vs_fsdp2", "peak_memory_ratio_vs_fsdp2", "step_time_ratio_vs_plain"):
+        assert 0 < result[key] < math.inf, (key, result[key])
+    rows = result["results"]
+    assert sorted(rows) == ["fsdp2", "fsdp_lab", "plain"]
+    cfg = result["config"]
+    for mode, row in rows.items():
+        assert row["median_step_s"] > 0 and row["steps_timed"] == cfg["rounds"] * cfg["steps_per_round"], mode
+        assert row["tokens_per_s"] == pytest.approx(cfg["batch"] * cfg["seq_len"] * 2 / row["median_step_s"])
+        assert row["tflops_per_s"] > 0 and row["peak_memory_bytes"] > 0 and math.isfinite(row["final_loss"])
+        state = row["state_bytes"]
+        assert state["total"] == state["params"] + state["grads"] + state["optimizer"] == row["peak_memory_bytes"]
+    assert result["step_time_ratio_vs_fsdp2"] == pytest.approx(
+        rows["fsdp_lab"]["median_step_s"] / rows["fsdp2"]["median_step_s"])
+    # Same casts as FSDP2 on the same batches: the losses agree; sharded state is half of plain's on 2 ranks.
+    assert abs(rows["fsdp_lab"]["final_loss"] - rows["fsdp2"]["final_loss"]) < 1e-3
+    assert rows["fsdp_lab"]["state_bytes"]["params"] * 2 == rows["plain"]["state_bytes"]["params"]
+
+
+def test_trace_file_holds_profile_lifecycle_and_summary(cpu_bench):
+    result, out, stdout = cpu_bench
+    with gzip.open(out / "trace.json.gz", "rt", encoding="utf-8") as fh:
+        data = json.load(fh)
+    names = [e.get("name", "") for e in data["traceEvents"]]
+    assert any(n.startswith("fsdp_lab::gather") for n in names), "runtime ranges are in the profile"
+    assert any(n.startswith("gather_start") for n in names), "lifecycle events are merged in"
+    events = {e["event"] for e in data["fsdp_lab"]["lifecycle"]}
+    assert {"gather_start", "regather_start", "reduce_scatter", "free", "optimizer_step"} <= events
+    assert result["trace"]["fsdp_lab_ranges"] > 0 and "trace:" in stdout
+
+
+def test_bad_options_are_refused_by_name(capsys):
+    with pytest.raises(ValueError, match="preset='nope'"):
+        BenchConfig(preset="nope")
+    with pytest.raises(ValueError, match="modes"):
+        BenchConfig(modes=("fsdp_lab", "deepspeed"))
+    with pytest.raises(ValueError, match="nccl needs --device cuda"):
+        BenchConfig(backend="nccl")
+    with pytest.raises(ValueError, match="warmup"):
+        BenchConfig(warmup=1)
+    if not __import__("torch").cuda.is_available():
+        assert main(["bench", "--device", "cuda"]) == 2
+        assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_overlap_arithmetic_on_a_synthetic_trace():
+    events = [
+        {"cat": "user_annotation", "name": "fsdp_lab::gather blocks.1", "ts": 0, "dur": 20, "pid": 1, "tid": 1},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 2, "pid": 1, "tid": 1,
+         "args": {"correlation": 5}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 2, "pid": 1, "tid": 2,
+         "args": {"correlation": 6}},  # another thread: not the range's
+        {"cat": "kernel", "name": "copy", "ts": 100, "dur": 50, "args": {"stream": 20, "correlation": 5}},
+        {"cat": "kernel", "name": "gemm", "ts": 90, "dur": 40, "args": {"stream": 7, "correlation": 6}},
+        {"cat": "kernel", "name": "gemm", "ts": 140, "dur": 60, "args": {"stream": 7, "correlation": 7}},
+    ]
+    s = overlap_summary(events)
+    assert s["compute_stream"] == 7 and s["gather"]["streams"] == ["20"]
+    assert s["gather"]["kernels"] == 1 and s["gather"]["overlapped_us"] == 40
+    assert s["gather"]["overlap_fraction"] == pytest.approx(0.8)
+    assert s["reduce"]["kernels"] == 0 and s["step_span_us"] == 110
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_gpu_session_script_runs_in_cpu_smoke_mode(tmp_path):
+    proc = subprocess.run(["bash", "benchmarks/gpu_session.sh", "--cpu-smoke"], capture_output=True, text=True,
+                          timeout=400, cwd=REPO, env={**_env(), "OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = (tmp_path / "log.txt").read_text()
+    assert "every step exited 0" in log, log[-3000:]
+    for name in ("gpu_checks.txt", "bench_369m.json", "bench_1.3b.json", "overlap_trace.json.gz", "gloo_mem.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "ALL PASS" in (tmp_path / "gpu_checks.txt").read_text()
+    assert len(list(tmp_path.iterdir())) <= 6, "the device returns at most 8 files; 2 are left for the lead"
