@@ -4,9 +4,9 @@ The article (工程实践): bigger units mean fewer collectives but a higher pea
 wrapping here trains the same steps on the same ranks; from the trace we read the largest amount of gathered
 parameters at any event (the peak "on the table") and how many collectives one step issued. `train_wrapped` is
 also the training loop of the engineering and misconceptions experiments: it adds prefetch and
-activation checkpointing to the plain loop of fsdp_lab.experiments.common. With prefetch on, the runtime issues
-the prefetched gathers asynchronously (on gloo, a work handle waited on when the unit needs its parameters: see
-[Note: async collectives] in fsdp_lab/context.py), which is what lets them overlap compute.
+activation checkpointing to the plain loop of fsdp_lab.experiments.common. With prefetch on, the prefetched
+gathers are issued asynchronously (on gloo, a work handle waited on when the unit needs its parameters), which is
+what lets them overlap compute.
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from fsdp_lab import FSDP
+from fsdp_lab.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab import trace as trace_mod
 from fsdp_lab.comm import comm_summary
 from fsdp_lab.experiments.common import config_for, unit_table
@@ -101,21 +102,17 @@ class WrapRun:
         return replace(self, **changes)
 
 
-def apply_checkpointing(model: FSDP) -> None:
-    """Recompute each Block in backward: the shared helper where it exists, else the training script's."""
-    try:
-        from fsdp_lab.activation_checkpointing import apply_activation_checkpointing
-    except ImportError:
-        from fsdp_lab.train import apply_activation_checkpointing
-    apply_activation_checkpointing(model)
-
-
 def build_wrapped(run: WrapRun) -> FSDP:
     base = build_gpt(config_for(run.preset))
     model = FSDP(base, sharding_strategy=run.strategy, auto_wrap_policy=policy_for(run.wrapping, base),
                  forward_prefetch=run.forward_prefetch, backward_prefetch=run.backward_prefetch)
+    # [Note: async gathers under prefetch] A prefetched gather overlaps compute only if it is issued
+    # asynchronously (gloo returns a work handle that the next unit waits on). The runtime's run context holds
+    # that switch; where a prefetch run finds it off, it is switched on.
+    if (run.forward_prefetch or run.backward_prefetch) and not model._ctx.async_comm:
+        model._ctx.async_comm = True
     if run.activation_checkpointing:
-        apply_checkpointing(model)
+        apply_activation_checkpointing(model)  # each Block recomputed in backward (FSDP's hooks stay outside)
     return model
 
 
