@@ -106,11 +106,6 @@ def build_wrapped(run: WrapRun) -> FSDP:
     base = build_gpt(config_for(run.preset))
     model = FSDP(base, sharding_strategy=run.strategy, auto_wrap_policy=policy_for(run.wrapping, base),
                  forward_prefetch=run.forward_prefetch, backward_prefetch=run.backward_prefetch)
-    # [Note: async gathers under prefetch] A prefetched gather overlaps compute only if it is issued
-    # asynchronously (gloo returns a work handle that the next unit waits on). The runtime's run context holds
-    # that switch; where a prefetch run finds it off, it is switched on.
-    if (run.forward_prefetch or run.backward_prefetch) and not model._ctx.async_comm:
-        model._ctx.async_comm = True
     if run.activation_checkpointing:
         apply_activation_checkpointing(model)  # each Block recomputed in backward (FSDP's hooks stay outside)
     return model
