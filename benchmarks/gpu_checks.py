@@ -11,6 +11,7 @@ parity check (NCCL refuses two ranks on one GPU). The checks live in fsdp_lab/be
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,7 +44,6 @@ def main(argv=None) -> int:
     for label, world, backend, names in launches:
         start = time.perf_counter()
         if not cuda:  # the spawned ranks must not see the GPU either
-            import os
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         try:
             results = run_on_ranks(run_checks, world, names, backend=backend, timeout_s=args.timeout)[0]

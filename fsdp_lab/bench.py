@@ -19,9 +19,8 @@ peak memory; the last line of the command's output is one JSON object (see `summ
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
-import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -29,17 +28,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.bench_report import environment, summarize
 from fsdp_lab.bench_runners import MODES, OPTIMIZERS, build_runner
-from fsdp_lab.models import PRESETS, batch_for_step, count_params, rank_slice
-
-FLOPS_FORMULA = "tokens * (6 * params + 12 * n_layer * n_embd * seq_len), per rank and step"
-MEMORY_METRIC = {
-    "cuda": "torch.cuda.max_memory_allocated() over the memory steps of one setup built alone (peak stats reset "
-            "after building it); max over ranks",
-    "cpu": "bytes of parameters + gradients + optimizer state held right after backward (fsdp_lab: memory_report; "
-           "fsdp2/plain: local tensors); activations excluded; max over ranks",
-}
-
+from fsdp_lab.models import PRESETS, batch_for_step, rank_slice
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -170,34 +161,51 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     device = _device(cfg, rank)
     batches = _batches(cfg, rank, world_size, device)
     result = {mode: {} for mode in cfg.modes}
+    say = _progress(rank)
+
+    def guarded(mode, fn):
+        """At world size 1 a setup that fails is reported and the others still run; with several ranks a
+        failure inside a collective would leave the other ranks waiting, so it is raised."""
+        try:
+            return fn()
+        except Exception as exc:
+            if world_size > 1:
+                raise
+            result[mode]["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            say(f"{mode} failed: {result[mode]['error']}")
+            _release(device)
+            return None
+
     if device.type == "cuda":
         for mode in cfg.modes:
-            result[mode].update(_memory_phase(cfg, mode, batches, device))
+            say(f"memory phase: {mode}")
+            result[mode].update(guarded(mode, lambda m=mode: _memory_phase(cfg, m, batches, device)) or {})
             dist.barrier()
     if cfg.memory_only and device.type == "cuda":
         return result
-    runners = {m: build_runner(m, PRESETS[cfg.preset], device, cfg.resolved_optimizer, cfg.lr) for m in cfg.modes}
-    steps_done = dict.fromkeys(cfg.modes, 0)
-    for mode, runner in runners.items():
-        for i in range(cfg.warmup):
-            probe = (lambda r, m=mode: result[m].update(state_bytes=r.state_bytes())) \
-                if i == cfg.warmup - 1 and device.type == "cpu" else None
-            runner.step(*batches[i % len(batches)], after_backward=probe)
-        steps_done[mode] = cfg.warmup
-        if device.type == "cpu":
-            result[mode]["peak_memory_bytes"] = result[mode]["state_bytes"]["total"]
-    if not cfg.memory_only:
+    runners = {}
+    for mode in cfg.modes:
+        if "error" in result[mode]:
+            continue
+        say(f"build and warm up: {mode}")
+        runner = guarded(mode, lambda m=mode: _warm(cfg, m, batches, device, result[m]))
+        if runner is not None:
+            runners[mode] = runner
+    alive = tuple(runners)
+    if not cfg.memory_only and alive:
+        say(f"timing {cfg.rounds} rounds x {cfg.steps_per_round} steps of {', '.join(alive)}")
         for r in range(cfg.rounds):
-            order = cfg.modes[r % len(cfg.modes):] + cfg.modes[:r % len(cfg.modes)]
+            order = alive[r % len(alive):] + alive[:r % len(alive)]
             for mode in order:
                 dist.barrier()
-                times, loss = _timed_steps(runners[mode], batches, steps_done[mode], cfg.steps_per_round, device)
-                steps_done[mode] += cfg.steps_per_round
+                times, loss = _timed_steps(runners[mode], batches, cfg.warmup + r * cfg.steps_per_round,
+                                           cfg.steps_per_round, device)
                 result[mode].setdefault("step_times_s", []).extend(times)
                 result[mode]["final_loss"] = float(loss)
     if cfg.trace and "fsdp_lab" in runners:
         from fsdp_lab.bench_trace import record_step_trace
 
+        say(f"profiling one fsdp_lab step into {cfg.trace}")
         dist.barrier()
         try:
             result["trace"] = record_step_trace(runners["fsdp_lab"], batches[0], cfg.trace, write=rank == 0)
@@ -205,56 +213,29 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
             result["trace"] = {"error": f"{type(exc).__name__}: {exc}"}
     del runners
     _release(device)
+    say("done")
     return result
 
 
-def summarize(cfg: BenchConfig, per_rank: list[dict], wall_s: float, env: dict) -> dict:
-    """The JSON the command prints last. Ratios are fsdp_lab's figure divided by the other setup's."""
-    model_cfg, T = PRESETS[cfg.preset], cfg.resolved_seq_len
-    with torch.device("meta"):
-        from fsdp_lab.models import GPT
-        n_params = count_params(GPT(model_cfg))
-    tokens_rank = cfg.batch * T
-    flops_rank = tokens_rank * (6 * n_params + 12 * model_cfg.n_layer * model_cfg.n_embd * T)
-    results = {}
-    for mode in cfg.modes:
-        ranks = [r[mode] for r in per_rank]
-        row = {"peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
-               "state_bytes": ranks[0].get("state_bytes")}
-        if not cfg.memory_only:
-            median = max(statistics.median(r["step_times_s"]) for r in ranks)
-            row.update(median_step_s=median, min_step_s=min(ranks[0]["step_times_s"]),
-                       max_step_s=max(ranks[0]["step_times_s"]), steps_timed=len(ranks[0]["step_times_s"]),
-                       tokens_per_s=tokens_rank * len(per_rank) / median, tflops_per_s=flops_rank / median / 1e12,
-                       final_loss=ranks[0].get("final_loss"))
-        results[mode] = row
-
-    def ratio(key, other):
-        if "fsdp_lab" not in results or other not in results or key not in results[other]:
-            return None
-        return results["fsdp_lab"][key] / results[other][key]
-
-    config = {**dataclasses.asdict(cfg), "modes": list(cfg.modes), "backend": cfg.resolved_backend,
-              "optimizer": cfg.resolved_optimizer, "seq_len": T, "world_size": cfg.nproc, "params": n_params,
-              "tokens_per_step_per_rank": tokens_rank, "dtype": "bf16 compute, fp32 master weights and reduction",
-              **env}
-    out = {"config": config, "flops_formula": FLOPS_FORMULA, "flops_per_step_per_rank": flops_rank,
-           "memory_metric": MEMORY_METRIC[cfg.device], "results": results,
-           "step_time_ratio_vs_fsdp2": ratio("median_step_s", "fsdp2"),
-           "step_time_ratio_vs_plain": ratio("median_step_s", "plain"),
-           "peak_memory_ratio_vs_fsdp2": ratio("peak_memory_bytes", "fsdp2"),
-           "peak_memory_ratio_vs_plain": ratio("peak_memory_bytes", "plain"), "wall_s": wall_s}
-    trace = per_rank[0].get("trace")
-    if trace is not None:
-        out["trace"] = trace
-    return out
+def _warm(cfg, mode, batches, device, row: dict):
+    """Build a setup and run its warm-up steps; on CPU the last one also records the state bytes."""
+    runner = build_runner(mode, PRESETS[cfg.preset], device, cfg.resolved_optimizer, cfg.lr)
+    for i in range(cfg.warmup):
+        probe = (lambda r: row.update(state_bytes=r.state_bytes())) \
+            if i == cfg.warmup - 1 and device.type == "cpu" else None
+        runner.step(*batches[i % len(batches)], after_backward=probe)
+    if device.type == "cpu":
+        row["peak_memory_bytes"] = row["state_bytes"]["total"]
+    return runner
 
 
-def environment(device: str) -> dict:
-    env = {"torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    if device == "cuda" and torch.cuda.is_available():
-        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
-    return env
+def _progress(rank: int):
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        if rank == 0:
+            print(f"[bench {time.perf_counter() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+    return say
 
 
 def run_bench(cfg: BenchConfig) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-KEEP_CATS = KERNEL_CATS + ("user_annotation", "gpu_user_annotation", "cuda_runtime", "ac2g")
+KEEP_CATS = KERNEL_CATS + ("user_annotation", "gpu_user_annotation", "cuda_runtime", "cuda_driver", "ac2g")
 LIFECYCLE_PID = 990000
 
 
@@ -52,13 +52,14 @@ def _covered(merged: list, starts: list, a: float, b: float) -> float:
 def overlap_summary(events: list[dict]) -> dict:
     """Which kernels the fsdp_lab ranges launched, on which streams, and how much of their time overlaps compute
     kernels (every other kernel) on other streams."""
-    ranges = [e for e in events if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("fsdp_lab::")]
+    ranges = [e for e in events
+              if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("fsdp_lab::")]
     by_thread: dict = {}
     for r in ranges:
         by_thread.setdefault((r.get("pid"), r.get("tid")), []).append((r["ts"], r["ts"] + r.get("dur", 0), r["name"]))
     owner = {}  # correlation id -> "gather" | "reduce"
     for e in events:
-        if e.get("cat") != "cuda_runtime" or "correlation" not in e.get("args", {}):
+        if e.get("cat") not in ("cuda_runtime", "cuda_driver") or "correlation" not in e.get("args", {}):
             continue
         for start, end, name in by_thread.get((e.get("pid"), e.get("tid")), ()):
             if start <= e["ts"] <= end:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
@@ -78,7 +79,11 @@ class CommStreams:
         if not self.enabled:
             yield
             return
-        with self.cuda.stream(self._compute()):
+        compute = self._compute()
+        if self.cuda.current_stream(self.device) == compute:  # the usual case: nothing to switch
+            yield
+            return
+        with self.cuda.stream(compute):
             yield
 
     @contextlib.contextmanager

@@ -12,7 +12,7 @@ the frozen weights. If neither signal can fire, the root's end-of-backward callb
 
 [Note: overlap] A gather is issued (state GATHERING) and waited for (state UNSHARDED) in two separate places, so
 that prefetch can issue the next unit's gather while this one computes: forward_prefetch in pre_forward,
-BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced. At most
+BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced and it is freed. At most
 ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
 on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/streams.py explains the ordering and
 the memory rules); on CPU with gloo they run asynchronously in gloo's threads. Reductions are waited for at the
@@ -112,7 +112,7 @@ class Unit:
             return
         self._transition("gather")
         event = "regather" if phase == "backward" else "gather"
-        self.ctx.emit(f"{event}_start", self.name, phase)
+        self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait)
         total_sent, total_recv = 0, 0
         with label(f"fsdp_lab::{event} {self.name}"):
             for group in self.groups:
@@ -229,9 +229,9 @@ class Unit:
         self._reduced_groups.add(id(group))
         if len(self._reduced_groups) == len(self.trainable_groups):
             self._reduced = True
+            self._maybe_finish_backward()  # free first: BACKWARD_POST trades overlap for a lower peak
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
                 self._prefetch(self.ctx.neighbour(self, -1), "backward")
-            self._maybe_finish_backward()
 
     def _on_inputs_grad_ready(self) -> None:
         self._inputs_grad_ready = True

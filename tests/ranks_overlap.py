@@ -20,10 +20,10 @@ class Spy:
     def __init__(self, model):
         self.model, self.step, self.events = model, 0, []
 
-    def emit(self, event, unit, phase, **_):
+    def emit(self, event, unit, phase, prefetch=None, **_):
         states = {u.name: u.state.name for u in self.model.units}
         self.events.append({"step": self.step, "event": event, "unit": unit, "phase": phase, "states": states,
-                            "reduces_pending": len(self.model._ctx.reduces)})
+                            "reduces_pending": len(self.model._ctx.reduces), "prefetch": prefetch})
 
     def on_backward_end(self):
         self.step += 1

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_lab.bench import BenchConfig
+from fsdp_lab.bench_report import format_table, summarize
 from fsdp_lab.bench_trace import overlap_summary
 from fsdp_lab.cli import main
 
@@ -88,6 +89,19 @@ def test_bad_options_are_refused_by_name(capsys):
     if not __import__("torch").cuda.is_available():
         assert main(["bench", "--device", "cuda"]) == 2
         assert "torch.cuda.is_available() is False" in capsys.readouterr().err
+
+
+def test_a_failed_setup_is_reported_and_its_ratios_are_none():
+    cfg = BenchConfig(rounds=1, steps_per_round=2)
+    ok = {"peak_memory_bytes": 100, "state_bytes": {"total": 100}, "step_times_s": [0.02, 0.04],
+          "final_loss": 5.0}
+    result = summarize(cfg, [{"fsdp_lab": ok, "fsdp2": {"error": "RuntimeError: boom"}, "plain": dict(ok)}], 1.0,
+                       {"torch": "x"})
+    assert result["results"]["fsdp2"] == {"error": "RuntimeError: boom"}
+    assert result["step_time_ratio_vs_fsdp2"] is None and result["peak_memory_ratio_vs_fsdp2"] is None
+    assert result["step_time_ratio_vs_plain"] == pytest.approx(1.0)
+    assert result["results"]["fsdp_lab"]["median_step_s"] == pytest.approx(0.03)
+    assert "fsdp2      FAILED: RuntimeError: boom" in format_table(result)
 
 
 def test_overlap_arithmetic_on_a_synthetic_trace():

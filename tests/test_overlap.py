@@ -42,6 +42,7 @@ def test_forward_prefetch_is_in_flight_while_the_previous_unit_computes(pre_run)
     ev = pre_run["events"]
     assert _index(ev, "gather_start", "blocks.1") < _index(ev, "forward_end", "blocks.0") \
         < _index(ev, "gather_end", "blocks.1")
+    assert ev[_index(ev, "gather_start", "blocks.1")]["prefetch"] is True
 
 
 def test_without_prefetch_every_gather_completes_before_compute(sync_run):
@@ -59,6 +60,7 @@ def test_backward_pre_regathers_the_next_unit_before_this_one_reduces(pre_run):
     start = _index(ev, "regather_start", "blocks.0")
     assert _index(ev, "backward_start", "blocks.1") < start < _index(ev, "reduce_scatter", "blocks.1")
     assert ev[start + 1]["event"] != "regather_end", "the prefetched re-gather should stay in flight"
+    assert ev[start]["prefetch"] is True
 
 
 def test_backward_pre_follows_backward_order_from_the_root_to_the_last_block(pre_run):
@@ -70,19 +72,22 @@ def test_backward_pre_follows_backward_order_from_the_root_to_the_last_block(pre
     assert start < _index(ev, "backward_start", "blocks.1")
 
 
-def test_backward_post_regathers_after_this_unit_reduces():
+def test_backward_post_regathers_once_this_unit_is_reduced_and_freed():
     run = _run(False, POST)
     ev = run["events"]
     start = _index(ev, "regather_start", "blocks.0")
-    assert _index(ev, "reduce_scatter", "blocks.1") < start < _index(ev, "backward_start", "blocks.0")
-    free1 = _index(ev, "free", "blocks.1", phase="backward")
-    assert ev[free1]["states"]["blocks.0"] == "GATHERING", "blocks.0 is being re-gathered while blocks.1 frees"
+    assert _index(ev, "reduce_scatter", "blocks.1") < _index(ev, "free", "blocks.1", phase="backward") < start
+    assert start < _index(ev, "backward_start", "blocks.0")
+    assert ev[start]["prefetch"] is True, "issued by blocks.1's post-backward, not on demand"
+    assert max(gathering_count(e["states"]) + sum(s == "UNSHARDED" for u, s in e["states"].items() if u != "<root>")
+               for e in ev if e["phase"] == "backward") <= 1, "POST never holds two blocks at once"
 
 
 def test_no_backward_prefetch_regathers_on_demand(sync_run):
     ev = sync_run["events"]
     free1 = _index(ev, "free", "blocks.1", phase="backward")
     assert ev[free1]["states"]["blocks.0"] == "SHARDED"
+    assert ev[_index(ev, "regather_start", "blocks.0")]["prefetch"] is False
 
 
 def _in_flight_between_events(events):

@@ -42,34 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before all ranks are killed")
 
 
-def _gib(n) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
-
-
-def format_table(result: dict) -> str:
-    cfg = result["config"]
-    lines = [f"fsdp-lab bench: preset {cfg['preset']} ({cfg['params'] / 1e6:.1f}M params), {cfg['device']} "
-             f"{cfg.get('gpu', '')}, {cfg['world_size']} rank(s) on {cfg['backend']}, batch {cfg['batch']}x"
-             f"{cfg['seq_len']} per rank, AdamW {cfg['optimizer']}, torch {cfg['torch']}",
-             f"{'setup':<10}{'median step':>13}{'tokens/s':>12}{'TFLOP/s':>10}{'peak memory':>14}{'loss':>9}"]
-    for mode, row in result["results"].items():
-        if "median_step_s" in row:
-            lines.append(f"{mode:<10}{row['median_step_s'] * 1e3:>10.1f} ms{row['tokens_per_s']:>12.0f}"
-                         f"{row['tflops_per_s']:>10.2f}{_gib(row['peak_memory_bytes']):>14}{row['final_loss']:>9.3f}")
-        else:
-            lines.append(f"{mode:<10}{'-':>13}{'-':>12}{'-':>10}{_gib(row['peak_memory_bytes']):>14}{'-':>9}")
-    for key in ("step_time_ratio_vs_fsdp2", "step_time_ratio_vs_plain", "peak_memory_ratio_vs_fsdp2"):
-        if result.get(key) is not None:
-            lines.append(f"{key}: {result[key]:.3f}")
-    lines.append(f"memory: {result['memory_metric']}")
-    lines.append(f"FLOPs: {result['flops_formula']}")
-    if "trace" in result:
-        lines.append(f"trace: {json.dumps(result['trace'])}")
-    return "\n".join(lines)
-
-
 def run(args) -> int:
     from fsdp_lab.bench import BenchConfig, run_bench
+    from fsdp_lab.bench_report import format_table
     from fsdp_lab.launch import RankFailed
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
@@ -80,15 +55,12 @@ def run(args) -> int:
                           optimizer=args.optimizer, modes=tuple(m.strip() for m in args.modes.split(",") if m),
                           memory_only=args.memory_only, trace=args.trace, timeout_s=args.timeout)
         result = run_bench(cfg)
-    except (ValueError, RuntimeError) as exc:
-        if isinstance(exc, (RankFailed, TimeoutError)):
-            print(f"fsdp-lab bench: {exc}", file=sys.stderr)
-            return 1
-        print(f"fsdp-lab bench: {exc}", file=sys.stderr)
-        return 2
-    except TimeoutError as exc:
+    except (RankFailed, TimeoutError) as exc:  # a rank raised, died or hung
         print(f"fsdp-lab bench: {exc}", file=sys.stderr)
         return 1
+    except (ValueError, RuntimeError) as exc:  # bad options, or no such device here
+        print(f"fsdp-lab bench: {exc}", file=sys.stderr)
+        return 2
     line = json.dumps(result)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
