@@ -3,7 +3,8 @@
 # of one overlapped step, and a memory-only bench of two gloo ranks sharing the GPU. Everything lands in $OUT.
 #
 #   bash benchmarks/gpu_session.sh                 # on the H200, from the repo root (OUT defaults to ./gpu_out)
-#   bash benchmarks/gpu_session.sh --cpu-smoke     # the same steps on CPU with the tiny preset (about 2 minutes)
+#   bash benchmarks/gpu_session.sh --cpu-smoke     # the same steps on CPU, tiny presets (1-2 minutes; OUT
+#                                                  # defaults to $TMPDIR/fsdp_lab_gpu_smoke)
 #
 # Needs only python3 with torch (nothing pip-installed: PYTHONPATH=. is set here); pytest is optional. Each step
 # has its own timeout, cut to what is left of the session budget (BUDGET_S, default 400 s), so one hang cannot
@@ -18,7 +19,7 @@ set -u
 cd "$(dirname "$0")/.."
 MODE=gpu
 if [ "${1:-}" = "--cpu-smoke" ]; then MODE=cpu; fi
-OUT=${OUT:-./gpu_out}
+if [ "$MODE" = gpu ]; then OUT=${OUT:-./gpu_out}; else OUT=${OUT:-${TMPDIR:-/tmp}/fsdp_lab_gpu_smoke}; fi
 mkdir -p "$OUT"
 LOG="$OUT/log.txt"
 : > "$LOG"

@@ -32,6 +32,7 @@ from fsdp_lab.bench_report import environment, summarize
 from fsdp_lab.bench_runners import MODES, OPTIMIZERS, build_runner
 from fsdp_lab.models import PRESETS, batch_for_step, rank_slice
 
+
 @dataclass(frozen=True)
 class BenchConfig:
     preset: str = "tiny"
@@ -124,13 +125,12 @@ def _release(device: torch.device) -> None:
 def _memory_phase(cfg, mode, batches, device) -> dict:
     """CUDA: build one setup alone, reset the peak, run the memory steps; report peak and state bytes."""
     runner = build_runner(mode, PRESETS[cfg.preset], device, cfg.resolved_optimizer, cfg.lr)
-    probe = {}
+    probe, steps = {}, max(cfg.memory_steps, 2)  # optimizer state exists from the first step on
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
-    for i in range(max(cfg.memory_steps, 2)):
-        last = i == max(cfg.memory_steps, 2) - 1
-        runner.step(*batches[i % len(batches)], after_backward=(lambda r: probe.update(r.state_bytes())) if last
-                    else None)
+    for i in range(steps):
+        probe_now = (lambda r: probe.update(r.state_bytes())) if i == steps - 1 else None
+        runner.step(*batches[i % len(batches)], after_backward=probe_now)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated(device)
     del runner
@@ -172,9 +172,9 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
             if world_size > 1:
                 raise
             result[mode]["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-            say(f"{mode} failed: {result[mode]['error']}")
-            _release(device)
-            return None
+        say(f"{mode} failed: {result[mode]['error']}")
+        _release(device)  # after the except block: the traceback no longer holds the failed setup's tensors
+        return None
 
     if device.type == "cuda":
         for mode in cfg.modes:
