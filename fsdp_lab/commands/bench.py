@@ -2,7 +2,7 @@
 
     fsdp-lab bench --device cpu --nproc-per-node 2 --preset tiny       # CI: gloo, about half a minute
     fsdp-lab bench --device cuda --preset 369m                         # one GPU, NCCL, world size 1
-    fsdp-lab bench --device cuda --preset 369m --backend gloo --nproc-per-node 2 --memory-only
+    fsdp-lab bench --device cuda --preset 369m --backend gloo --nproc-per-node 2    # memory only (gloo)
 
 A table first, then one JSON object on the last line (what fsdp_lab.bench.summarize returns; the ratios are
 fsdp_lab's figure over the other setup's). Exit codes: 0 ok, 2 bad options or no such device, 1 a rank failed.
@@ -35,7 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="AdamW implementation for all setups (default: fused on CUDA, foreach on CPU)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
-    p.add_argument("--memory-only", action="store_true", help="measure memory only (e.g. gloo ranks on one GPU)")
+    p.add_argument("--memory-only", action="store_true",
+                   help="measure memory only (always so for CUDA over gloo: several ranks sharing one GPU)")
     p.add_argument("--trace", default=None, metavar="PATH.json.gz",
                    help="also write a profiler trace of one fsdp_lab step (Chrome trace, gzipped)")
     p.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON result to PATH")
