@@ -122,7 +122,9 @@ class FlatParamGroup:
             views = [self.full.detach().new_empty(0)] * len(self.slots)
         for slot, view in zip(self.slots, views):
             for module, attr, _name in slot.aliases:
-                setattr(module, attr, view)
+                # A plain instance attribute (the name left module._parameters at wrap time); writing the
+                # instance dict skips nn.Module.__setattr__'s checks, which run for every parameter every step.
+                module.__dict__[attr] = view
 
     def my_chunk(self, full_flat: torch.Tensor) -> torch.Tensor:
         """This rank's chunk of a full flat buffer (a view)."""

@@ -224,6 +224,8 @@ class Unit:
             unit.gather(phase, wait=False)
 
     def _on_grad_ready(self, group) -> None:
+        # Traced while the unsharded gradient is still alive: the article's second 2Φ_layer of M_peak.
+        self.ctx.emit("grad_ready", self.name, "backward")
         grad, group.full.grad = group.full.grad, None
         self._reduce(group, grad)
         self._reduced_groups.add(id(group))

@@ -98,6 +98,8 @@ def test_memory_rises_on_gather_and_falls_on_free_by_the_unit_bytes(live_run):
                 assert delta == -full_bytes[e["unit"]], (rank, e["event"], e["unit"], delta)
             else:
                 assert delta == 0, f"{e['event']} of {e['unit']} changed params_unsharded by {delta}"
+        for e in (e for e in mine if e["event"] == "grad_ready"):  # the unsharded gradient, before its reduce
+            assert e["mem"]["grads_unsharded"] == full_bytes[e["unit"]], (rank, e["unit"], e["mem"])
         ends = [e for e in mine if e["event"] in ("backward_end", "optimizer_step")]
         assert len(ends) == 2 * STEPS and all(e["mem"]["params_unsharded"] == 0 for e in ends), \
             "every unit is freed after each backward"

@@ -20,9 +20,9 @@ from fsdp_lab.models import GPTConfig, batch_for_step, rank_slice
 # The root keeps its parameters from forward to backward (as torch's root does), so it is neither freed after
 # forward nor re-gathered: its backward starts straight away.
 FULL_SHARD_UNIT_EVENTS = ("gather_start", "gather_end", "forward_start", "forward_end", "free",
-                          "regather_start", "regather_end", "backward_start", "reduce_scatter", "free")
+                          "regather_start", "regather_end", "backward_start", "grad_ready", "reduce_scatter", "free")
 FULL_SHARD_ROOT_EVENTS = ("gather_start", "gather_end", "forward_start", "forward_end",
-                          "backward_start", "reduce_scatter", "free")
+                          "backward_start", "grad_ready", "reduce_scatter", "free")
 
 
 def run_lifecycle(world_size: int = 2, strategy: str = "FULL_SHARD", steps: int = 1,

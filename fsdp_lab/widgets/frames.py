@@ -43,7 +43,8 @@ BEATS = {
 
 _EVENT_BEAT = {
     "gather_start": "gather", "gather_end": "gather", "forward_start": "compute",
-    "forward_end": "compute", "backward_start": "compute", "free": "free", "regather_start": "regather",
+    "forward_end": "compute", "backward_start": "compute", "grad_ready": "compute", "free": "free",
+    "regather_start": "regather",
     "regather_end": "regather", "reduce_scatter": "reduce_scatter", "all_reduce": "all_reduce",
     "backward_end": "backward_end", "optimizer_step": "optimizer",
 }
