@@ -27,7 +27,7 @@ def load_script():
 
 
 @pytest.mark.timeout(240)
-def test_cpu_smoke_run_writes_traces_with_provenance(tmp_path):
+def test_cpu_smoke_run_writes_traces_with_provenance(tmp_path, monkeypatch):
     out = tmp_path / "traces"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--smoke", "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=220)
@@ -54,6 +54,16 @@ def test_cpu_smoke_run_writes_traces_with_provenance(tmp_path):
         assert (sent == 0) == (run["world_size"] == 1), sent
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     assert total < load_script().MAX_TOTAL_BYTES, total
+    # What the recorder writes is what the course's widgets replay, with its provenance on screen.
+    from fsdp_lab.widgets import LiveMemoryChart, PotluckLifecycle, sources
+
+    monkeypatch.setattr(sources, "GPU_TRACE_DIR", out)
+    assert sorted(sources.list_gpu_traces()) == sorted(r["folder"] for r in index["runs"])
+    for run in index["runs"]:
+        potluck = PotluckLifecycle.from_gpu_trace(run["folder"])
+        assert len(potluck.events) == len(trace.load_trace(out / run["folder"])) > 0
+        assert run["folder"] in potluck.source.value
+        assert LiveMemoryChart.replay(run["folder"]).steps_done >= 1
 
 
 def test_cpu_or_smoke_runs_may_not_write_to_the_shipped_data_folder():
