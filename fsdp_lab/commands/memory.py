@@ -12,6 +12,7 @@ import re
 import sys
 
 from fsdp_lab import formulas
+from fsdp_lab.commands._argtypes import positive_float, positive_int
 
 NAME = "memory"
 HELP = "Per-GPU memory of DDP and ZeRO-1/2/3 for a model, and how many GPUs it needs (the article's planner)."
@@ -31,26 +32,6 @@ def _param_count(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -64,18 +45,18 @@ def _fraction(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", type=_param_count, default=7e9,
                         help="model parameters Φ, e.g. 7e9 or 7B (default: the article's 7B)")
-    parser.add_argument("--gpus", type=_positive_int, default=8, help="number of GPUs N (default 8)")
-    parser.add_argument("--gpu-mem", type=_positive_float, default=80.0,
+    parser.add_argument("--gpus", type=positive_int, default=8, help="number of GPUs N (default 8)")
+    parser.add_argument("--gpu-mem", type=positive_float, default=80.0,
                         help="memory per GPU in GB, 1 GB = 1e9 bytes (default 80)")
-    parser.add_argument("--seq-len", type=_positive_int, default=2048, help="tokens per sequence (default 2048)")
-    parser.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU (default 1)")
+    parser.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sequence (default 2048)")
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU (default 1)")
     parser.add_argument("--precision", choices=sorted(formulas.PRECISION_BYTES), default="bf16",
                         help="compute dtype of working copies and activations (default bf16)")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute (checkpointing)")
     parser.add_argument("--reserve", type=_fraction, default=0.2,
                         help="fraction of each card kept free for CUDA context, buffers, fragmentation (default 0.2)")
     for name in ("layers", "hidden", "heads"):
-        parser.add_argument(f"--{name}", type=_positive_int, default=None,
+        parser.add_argument(f"--{name}", type=positive_int, default=None,
                             help=f"model {name} (default: derived from Φ, LLaMA-like)")
 
 

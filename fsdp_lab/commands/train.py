@@ -20,6 +20,8 @@ import sys
 import traceback
 from datetime import timedelta
 
+from fsdp_lab.commands._argtypes import count, positive_float, positive_int
+
 NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
@@ -34,24 +36,6 @@ class ExitCode(enum.IntEnum):
     RANK_FAILED = 3    # a rank died, or a collective failed or timed out (a peer is gone or stuck)
     CHECKPOINT = 4     # a checkpoint could not be saved, found or loaded
     INTERRUPTED = 130  # Ctrl-C
-
-
-def _number(kind, low: float, what: str):
-    """An argparse type: `kind` (int or float) at least `low` (exclusive for floats), finite."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not (low <= value if kind is int else low < value < float("inf")):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text if kind is float else value!r}")
-        return value
-    return parse
-
-
-_positive_int = _number(int, 1, "a positive integer")
-_count = _number(int, 0, "an integer >= 0")
-_positive_float = _number(float, 0.0, "a positive number")
 
 
 def _endpoint(text: str) -> str:
@@ -74,21 +58,21 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prefetch", action="store_true", help="forward_prefetch and BACKWARD_PRE backward prefetch")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each Block's forward during backward (non-reentrant torch.utils.checkpoint)")
-    g.add_argument("--steps", type=_positive_int, default=10, help="train until this step (default 10)")
-    g.add_argument("--global-batch", type=_positive_int, default=8,
+    g.add_argument("--steps", type=positive_int, default=10, help="train until this step (default 10)")
+    g.add_argument("--global-batch", type=positive_int, default=8,
                    help="sequences per step over all ranks; must divide by the world size (default 8)")
-    g.add_argument("--lr", type=_positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    g.add_argument("--seed", type=_count, default=0, help="weight initialisation seed (default 0)")
+    g.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    g.add_argument("--seed", type=count, default=0, help="weight initialisation seed (default 0)")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu (gloo) or cuda (NCCL, one GPU per rank: device LOCAL_RANK) (default cpu)")
     g.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
                    help="auto: gloo on cpu, nccl on cuda. gloo with --device cuda runs several ranks on one GPU")
-    g.add_argument("--timeout", type=_positive_float, default=300.0,
+    g.add_argument("--timeout", type=positive_float, default=300.0,
                    help="collective timeout in seconds: a stuck or vanished peer fails the job after this long")
     g.add_argument("--trace", metavar="DIR", help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
     g.add_argument("--json-log", metavar="PATH", help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
     g.add_argument("--checkpoint-dir", metavar="DIR", help="sharded checkpoints go to DIR/step_N, DIR/latest")
-    g.add_argument("--checkpoint-every", type=_count, default=0, metavar="K",
+    g.add_argument("--checkpoint-every", type=count, default=0, metavar="K",
                    help="save every K steps (and after the last step); 0: only after the last step")
     g.add_argument("--resume", nargs="?", const="latest", metavar="PATH",
                    help="continue from --checkpoint-dir's latest checkpoint (starts at 0 if there is none yet), "
@@ -101,9 +85,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     g = parser.add_argument_group("processes (passed to torchrun)")
-    g.add_argument("--nproc-per-node", type=_positive_int, default=1, help="ranks on this node (default 1)")
-    g.add_argument("--nnodes", type=_positive_int, default=1, help="number of nodes (default 1)")
-    g.add_argument("--node-rank", type=_count, default=0, help="this node's index, 0..nnodes-1 (default 0)")
+    g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks on this node (default 1)")
+    g.add_argument("--nnodes", type=positive_int, default=1, help="number of nodes (default 1)")
+    g.add_argument("--node-rank", type=count, default=0, help="this node's index, 0..nnodes-1 (default 0)")
     g.add_argument("--rdzv-endpoint", type=_endpoint, metavar="HOST:PORT",
                    help="rendezvous address, the same on every node (needed when --nnodes > 1)")
     g.add_argument("--rdzv-backend", choices=["static", "c10d"], default="static",
