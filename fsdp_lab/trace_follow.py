@@ -17,8 +17,9 @@ from typing import Callable, Iterator, Optional
 from fsdp_lab.trace import rank_file
 
 
-class _FileCursor:
-    """How far one rank's file has been read, and the incomplete line after that point."""
+class FileCursor:
+    """How far one rank's file has been read, and the incomplete line after that point (also used by the live
+    memory chart, which polls without blocking)."""
 
     def __init__(self, path: Path):
         self.path, self.offset, self.partial = path, 0, b""
@@ -57,7 +58,7 @@ def follow(directory: str | os.PathLike, world_size: int, poll_s: float = 0.1, t
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if poll_s <= 0 or timeout_s <= 0:
         raise ValueError(f"poll_s and timeout_s must be > 0, got {poll_s} and {timeout_s}")
-    cursors = [_FileCursor(rank_file(directory, r)) for r in range(world_size)]
+    cursors = [FileCursor(rank_file(directory, r)) for r in range(world_size)]
     start = last_new = time.monotonic()
     while True:
         finishing = stop is not None and stop()

@@ -14,7 +14,6 @@ an Output widget as its whole output, which is safe from the background polling 
 """
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 from typing import Optional
@@ -22,6 +21,7 @@ from typing import Optional
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
+from fsdp_lab.trace_follow import FileCursor
 from fsdp_lab.widgets.fmt import esc, memory_total, show_figure
 from fsdp_lab.widgets.sources import NoShippedTrace, load_gpu_trace
 
@@ -42,7 +42,7 @@ class LiveMemoryChart(widgets.VBox):
         self.trace_dir = Path(trace_dir)
         self.total_steps, self.world_size = total_steps, world_size
         self.events: dict = {}  # rank → its events, in file order
-        self._offsets: dict = {}  # file → bytes consumed so far
+        self._cursors: dict = {}  # file → FileCursor (bytes consumed so far, half-written tail)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._job: Optional[threading.Thread] = None
@@ -58,21 +58,13 @@ class LiveMemoryChart(widgets.VBox):
         super().__init__([widgets.HBox([self.progress, self.status]), self.out, self.provenance])
 
     # -- reading ---------------------------------------------------------------------------------------------
-    def _read_new(self, path: Path) -> list:
-        start = self._offsets.get(path, 0)
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            data = fh.read()
-        complete = data[:data.rfind(b"\n") + 1]  # a half-written last line waits for the next update
-        self._offsets[path] = start + len(complete)
-        return [json.loads(line) for line in complete.decode("utf-8").splitlines() if line.strip()]
-
     def update(self) -> int:
         """Read whatever the ranks appended since the last call, redraw, and return how many events were new."""
         with self._lock:
             new = 0
             for path in sorted(self.trace_dir.glob("rank*.jsonl")):
-                for e in self._read_new(path):
+                cursor = self._cursors.setdefault(path, FileCursor(path))
+                for e in cursor.read_new():
                     self.events.setdefault(e["rank"], []).append(e)
                     new += 1
             if new or not self.out.outputs:
