@@ -125,10 +125,9 @@ class FSDP(nn.Module):
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
                     shard_storage=ctx.strategy.shards_params))
-            for params, _ in ((info.trainable, 0), (info.frozen, 0)):
-                for _param, aliases in params:
-                    for owner, attr, _q in aliases:
-                        owner._parameters.pop(attr, None)
+            for _param, aliases in info.trainable + info.frozen:  # the flat shards replace them
+                for owner, attr, _q in aliases:
+                    owner._parameters.pop(attr, None)
             for group in groups:
                 suffix = "" if group.requires_grad else "_frozen"
                 info.module.register_parameter(f"_fsdp_flat_param{suffix}", group.shard)

@@ -219,3 +219,26 @@ def error_cases(rank, world_size):
     capture("unknown_policy", lambda: FSDP(build_gpt("tiny"), auto_wrap_policy=42))
     capture("second_backward", second_backward)
     return messages
+
+
+def clipped_gradients(rank, world_size, strategy, max_norm):
+    """Global gradient norm and clipped gradients (full, original names) after one backward."""
+    base = build_gpt("tiny")
+    model = FSDP(base, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    x, y = batch_for_step(base.cfg, 0, 12)
+    model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
+    norm = model.clip_grad_norm_(max_norm).item()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)  # p - grad: the clipped gradient, read back in full
+    opt.step()
+    with FSDP.summon_full_params(model):
+        stepped = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return norm, stepped
+
+
+def clipped_reference(max_norm):
+    model = build_gpt("tiny")
+    x, y = batch_for_step(model.cfg, 0, 12)
+    model(x, y).backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
+    torch.optim.SGD(model.parameters(), lr=1.0).step()
+    return norm, {n: p.detach().clone() for n, p in model.named_parameters()}

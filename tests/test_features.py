@@ -76,3 +76,16 @@ def test_summon_full_params_original_names_and_writeback(strategy):
     x, _ = batch_for_step(plain.cfg, 0, 2)
     expected = plain(x).detach()
     assert torch.allclose(torch.cat([results[0][3], results[1][3]]), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "ZERO1", "NO_SHARD"])
+def test_clip_grad_norm_uses_the_global_norm_across_shards(strategy):
+    from ranks_features import clipped_gradients, clipped_reference
+
+    max_norm = 0.1  # well below the tiny GPT's first gradient norm, so clipping really scales
+    ref_norm, ref_params = clipped_reference(max_norm)
+    assert ref_norm > max_norm
+    for norm, params in run_on_ranks(clipped_gradients, 2, strategy, max_norm, timeout_s=120):
+        assert abs(norm - ref_norm) <= 1e-5 * ref_norm, (norm, ref_norm)
+        for name in ref_params:
+            assert torch.allclose(params[name], ref_params[name], atol=1e-6), name
