@@ -130,8 +130,3 @@ class FlatParamGroup:
         """This rank's chunk of a full flat buffer (a view)."""
         start = self.rank * self.shard_numel
         return full_flat[start:start + self.shard_numel]
-
-    def describe(self) -> str:
-        kind = "trainable" if self.requires_grad else "frozen"
-        return (f"{self.unit_name} ({kind}): {len(self.slots)} params, {self.numel} elements, padded to "
-                f"{self.padded_numel}, shard {self.shard_numel}")

@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from fsdp_lab.strategy import ShardingStrategy
-
 KINDS = ("params_sharded", "params_unsharded", "grads_sharded", "grads_unsharded", "optimizer_state")
 
 
@@ -64,13 +62,3 @@ def memory_report(model, optimizer=None) -> MemoryBytes:
                 if isinstance(value, torch.Tensor):
                     counter.add("optimizer_state", value)
     return MemoryBytes(**counter.bytes)
-
-
-def expected_strategy_note(strategy: ShardingStrategy) -> str:
-    """One line for learners: what a rank keeps between steps under this strategy."""
-    return {
-        ShardingStrategy.FULL_SHARD: "params, grads and optimizer state: 1/N each",
-        ShardingStrategy.SHARD_GRAD_OP: "params, grads and optimizer state: 1/N each; full params during the step",
-        ShardingStrategy.ZERO1: "params and grads replicated; optimizer state 1/N",
-        ShardingStrategy.NO_SHARD: "everything replicated",
-    }[strategy]
