@@ -6,7 +6,7 @@
 
 World size 1 runs on NCCL (parity with FSDP2 in bf16 and fp32, unsharded memory released between units, gather
 overlapping compute in a profile, no host sync in a step); then two ranks share the GPU over gloo for the bf16
-parity check (NCCL refuses two ranks on one GPU). The checks live in fsdp_lab/bench_checks.py.
+parity check (NCCL refuses two ranks on one GPU). The checks live in fsdp_lab/bench/gpu_checks.py.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from fsdp_lab.bench_checks import WORLD1_CHECKS, run_checks  # noqa: E402
-from fsdp_lab.launch import run_on_ranks  # noqa: E402
+from fsdp_lab.bench.gpu_checks import WORLD1_CHECKS, run_checks  # noqa: E402
+from fsdp_lab.training.launch import run_on_ranks  # noqa: E402
 
 
 def main(argv=None) -> int:

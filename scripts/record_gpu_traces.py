@@ -5,7 +5,7 @@
     python scripts/record_gpu_traces.py --device cpu --smoke --out /tmp/t   # CPU smoke run (tests)
 
 One run per world size, each in its own folder (nccl_1rank/, gloo_2ranks/, gloo_4ranks/) holding rank{r}.jsonl
-(fsdp_lab.trace format: every event with cuda_allocated/cuda_reserved) and provenance.json (GPU, torch, CUDA,
+(fsdp_lab.observe.trace format: every event with cuda_allocated/cuda_reserved) and provenance.json (GPU, torch, CUDA,
 date, exact command, model, and a summary of what was measured). One rank runs on NCCL; two and four ranks share
 the one GPU over gloo with CUDA tensors, since NCCL refuses two ranks on one device (DESIGN.md §7): every rank's
 memory is real, its communication is slow. Needs no network. On an H200 the default set takes well under two
@@ -34,7 +34,7 @@ MAX_TOTAL_BYTES = 600_000  # the recorded traces ship with the package: keep the
 def gpu_config():
     """~59M parameters in 4 blocks of d=1024: large enough that the gathered unit, the sharded Adam state and the
     activations are visible in GiB-scale memory, small enough for 4 gloo ranks on one GPU in seconds a step."""
-    from fsdp_lab.models import GPTConfig
+    from fsdp_lab.training.models import GPTConfig
 
     return GPTConfig(vocab_size=8192, block_size=512, n_layer=4, n_head=8, n_embd=1024)
 
@@ -89,7 +89,7 @@ def environment(device: str) -> dict:
 
 def summarize_run(results: list[dict]) -> dict:
     """What a reader of provenance.json wants at a glance; the full story is in the rank files."""
-    from fsdp_lab.comm import comm_summary
+    from fsdp_lab.observe.traffic import comm_summary
 
     per_rank = []
     for r in results:
@@ -110,9 +110,9 @@ def summarize_run(results: list[dict]) -> dict:
 
 
 def record(args, world_size: int, env: dict, command: str) -> dict:
-    from fsdp_lab.experiments.common import RunSpec, config_for, mixed_precision_for, train
-    from fsdp_lab.launch import run_on_ranks
-    from fsdp_lab.trace import rank_file
+    from fsdp_lab.lessons.experiments.common import RunSpec, config_for, mixed_precision_for, train
+    from fsdp_lab.training.launch import run_on_ranks
+    from fsdp_lab.observe.trace import rank_file
 
     backend = "nccl" if (args.device == "cuda" and world_size == 1) else "gloo"
     name = f"{backend}_{world_size}rank{'s' if world_size > 1 else ''}"
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     command = shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(["record_gpu_traces.py", *argv])
     if args.device == "cuda":
-        from fsdp_lab.gpu_memory import cuda_unavailable_reason
+        from fsdp_lab.observe.cuda_memory import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason:

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab import FSDP, ShardingStrategy
-from fsdp_lab.models import Block, batch_for_step, build_gpt, rank_slice
-from fsdp_lab.unit import UnitState
+from fsdp_lab import FSDP
+from fsdp_lab.observe.traffic import collective_bytes
+from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 
@@ -73,10 +73,10 @@ def train_outer(rank, world_size, mode, steps=3):
     info = {}
     if mode != "plain":
         info["states"] = [u.state for u in model.units]
-        info["frozen_grads"] = [g.shard.grad for u in model.units for g in u.groups if not g.requires_grad]
+        info["frozen_grads"] = [g.shard.grad for u in model.units for g in u.flats if not g.requires_grad]
         info["opt_numels"] = sorted({v.numel() for s in opt.state.values() for v in s.values() if v.dim()})
-        info["shard_numels"] = sorted({g.shard_numel for u in model.units for g in u.groups if g.requires_grad})
-        info["tied_aliases"] = [len(s.aliases) for u in model.units for g in u.groups for s in g.slots]
+        info["shard_numels"] = sorted({g.shard_numel for u in model.units for g in u.flats if g.requires_grad})
+        info["tied_aliases"] = [len(s.aliases) for u in model.units for g in u.flats for s in g.slots]
         with FSDP.summon_full_params(model):
             params = {n: p.detach().clone() for n, p in model.named_parameters()}
         info["buffers"] = {n: b.clone() for n, b in model.named_buffers()}
@@ -104,7 +104,7 @@ def sharding_facts(rank, world_size, strategy="FULL_SHARD"):
     x, y = batch_for_step(base.cfg, 0, 4 * world_size)
     model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
     opt.step()
-    groups = [g for u in model.units for g in u.groups]
+    groups = [g for u in model.units for g in u.flats]
     return {
         "total_numel": total,
         "groups": [(g.numel, g.padded_numel, g.shard_numel, g.shard.numel()) for g in groups],
@@ -140,7 +140,7 @@ def no_sync_step(rank, world_size, strategy):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = batch_for_step(base.cfg, 0, 12)
     comm = []
-    model.set_tracer(type("T", (), {"emit": lambda self, e, **k: comm.append(k["bytes_sent"]),
+    model.set_tracer(type("T", (), {"emit": lambda self, e, **k: comm.append(collective_bytes(k["collectives"]).sent),
                                     "on_backward_end": lambda self: None})())
     with model.no_sync():
         model(rank_slice(x[:6], rank, world_size), rank_slice(y[:6], rank, world_size)).backward()

@@ -5,9 +5,9 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import FSDP, BackwardPrefetch
-from fsdp_lab.activation_checkpointing import apply_activation_checkpointing
-from fsdp_lab.models import Block, batch_for_step, build_gpt, rank_slice
-from fsdp_lab.unit import UnitState
+from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
+from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 GLOBAL_BATCH = 4
@@ -54,11 +54,11 @@ def train_checkpointed(rank, world_size, order, prefetch=False):
     events, and the bytes autograd saved outside checkpointed regions in one forward."""
     base = build_gpt("tiny")
     if order == "before":
-        apply_activation_checkpointing(base)
+        apply_activation_checkpointing(base, check_fn=lambda m: isinstance(m, Block))
     model = FSDP(base, auto_wrap_policy=ModuleWrapPolicy({Block}), forward_prefetch=prefetch,
                  backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
     if order == "after":
-        names = apply_activation_checkpointing(model)
+        names = apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
         assert names == [f"blocks.{i}" for i in range(len(base.blocks))], names
     spy = Spy(model)
     model.set_tracer(spy)
@@ -105,7 +105,7 @@ def gathering_count(states: dict) -> int:
 
 
 class FakeCuda:
-    """Stands in for torch.cuda in fsdp_lab.streams.CommStreams on CPU: streams and events that only record
+    """Stands in for torch.cuda in fsdp_lab.runtime.streams.CommStreams on CPU: streams and events that only record
     what waited for what, in one log shared with a Spy (so the log interleaves with lifecycle events)."""
 
     def __init__(self, log):
@@ -169,7 +169,7 @@ class LoggingSpy(Spy):
 
 def fake_stream_run(rank, world_size, strategy="FULL_SHARD"):
     """Train two steps with the CUDA code path switched on over fake streams; return the log and results."""
-    from fsdp_lab.streams import CommStreams, ReduceQueue
+    from fsdp_lab.runtime.streams import CommStreams, ReduceQueue
 
     base = build_gpt("tiny")
     model = FSDP(base, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),

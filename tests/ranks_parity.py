@@ -5,7 +5,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import FSDP, MixedPrecision
-from fsdp_lab.models import Block, batch_for_step, build_gpt, rank_slice
+from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 GLOBAL_BATCH = 12  # divides by world sizes 1, 2, 3 and 4

@@ -7,12 +7,16 @@ from collections import Counter
 
 import pytest
 import torch
-
-from fsdp_lab.activation_checkpointing import (apply_activation_checkpointing, is_checkpointed,
-                                               remove_activation_checkpointing)
-from fsdp_lab.launch import run_on_ranks
-from fsdp_lab.models import build_gpt
 from ranks_overlap import STEPS, checkpoint_misuse, train_checkpointed
+
+from fsdp_lab.runtime.activation_checkpointing import (apply_activation_checkpointing, is_checkpointed,
+                                                       remove_activation_checkpointing)
+from fsdp_lab.training.launch import run_on_ranks
+from fsdp_lab.training.models import Block, build_gpt
+
+
+def is_block(module) -> bool:
+    return isinstance(module, Block)
 
 TOL = 1e-5
 
@@ -53,8 +57,8 @@ def test_apply_is_idempotent_and_removable():
     model = build_gpt("tiny")
     x = torch.randint(0, model.cfg.vocab_size, (2, 8))
     expected = model(x, x)
-    assert apply_activation_checkpointing(model) == ["blocks.0", "blocks.1"]
-    assert apply_activation_checkpointing(model) == [], "a second call leaves checkpointed blocks alone"
+    assert apply_activation_checkpointing(model, check_fn=is_block) == ["blocks.0", "blocks.1"]
+    assert apply_activation_checkpointing(model, check_fn=is_block) == [], "a second call leaves checkpointed blocks alone"
     assert all(is_checkpointed(b) for b in model.blocks)
     loss = model(x, x)
     loss.backward()

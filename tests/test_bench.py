@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_lab.bench import BenchConfig
-from fsdp_lab.bench_report import format_table, summarize
-from fsdp_lab.bench_trace import overlap_summary
+from fsdp_lab.bench.profile import overlap_summary
+from fsdp_lab.bench.report import format_table, summarize
+from fsdp_lab.bench.run import BenchConfig
 from fsdp_lab.cli import main
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_lab.launch import free_port
+from fsdp_lab.training.launch import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 

@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fsdp_lab import FSDP, checkpoint, checkpoint_layout
-from fsdp_lab import checkpoint_files as files
-from fsdp_lab.checkpoint_files import CheckpointError
-from fsdp_lab.launch import run_on_ranks
-from fsdp_lab.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
-from fsdp_lab.strategy import ShardingStrategy
+from fsdp_lab import FSDP, checkpoint
+from fsdp_lab.checkpoint import files as files
+from fsdp_lab.checkpoint import sharded as checkpoint_layout
+from fsdp_lab.checkpoint.files import CheckpointError
+from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.training.launch import run_on_ranks
+from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,13 +49,13 @@ def _train_step(model, opt, index, group=None):
 def _full_optim_state(model, opt, name):
     """Every group's optimizer state `name`, gathered and unpadded: comparable across world sizes."""
     out = {}
-    for key, _unit, group in checkpoint_layout.groups(model):
+    for key, _unit, group in checkpoint_layout.flats(model):
         state = opt.state[group.shard][name]
         if model.sharding_strategy is ShardingStrategy.NO_SHARD:
             full = state
         else:
             full = torch.empty(group.padded_numel)
-            _all_gather(full, state.contiguous(), group=model._ctx.group)
+            _all_gather(full, state.contiguous(), group=model._ctx.pg)
         out[key] = full[:group.numel].clone()
     return out
 
@@ -191,7 +192,7 @@ def test_export_loads_into_the_plain_gpt_without_fsdp_lab(story, tmp_path):
     assert meta["step"] == 2 and meta["world_size"] == 4
     script = textwrap.dedent(f"""
         import importlib.util, sys, torch
-        spec = importlib.util.spec_from_file_location("course_gpt", {str(REPO / "fsdp_lab" / "models.py")!r})
+        spec = importlib.util.spec_from_file_location("course_gpt", {str(REPO / "fsdp_lab" / "training" / "models.py")!r})
         models = sys.modules["course_gpt"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(models)
         gpt = models.GPT(models.GPTConfig(**{meta["model_config"]!r}))
@@ -211,7 +212,7 @@ def test_export_loads_into_the_plain_gpt_without_fsdp_lab(story, tmp_path):
 
 def test_checkpoint_module_cli_reports_and_exports(story, tmp_path):
     tmp, _results = story
-    from fsdp_lab.checkpoint import _main
+    from fsdp_lab.checkpoint.__main__ import _main
 
     assert _main(["info", str(Path(tmp) / "ck")]) == 0
     assert _main(["export", str(Path(tmp) / "nowhere"), str(tmp_path / "x.pt")]) == 4

@@ -1,4 +1,4 @@
-"""fsdp_lab.comm: bytes per collective, per step and per rank, summed from trace events.
+"""fsdp_lab.observe.traffic: bytes per collective, per step and per rank, summed from trace events.
 
 Hand-made events pin the arithmetic; the real-run comparisons with the article's formulas are in
 test_measured_vs_predicted.py."""
@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 
-from fsdp_lab.comm import CommSummary, comm_summary
+from fsdp_lab.observe.traffic import CommSummary, comm_summary
 
 
 def ev(rank, step, event, sent=0, received=None, unit="blocks.0"):

@@ -17,7 +17,7 @@ import pytest
 
 from fsdp_lab import cli
 from fsdp_lab.commands import train as train_cmd
-from fsdp_lab.launch import free_port
+from fsdp_lab.training.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COURSE = REPO / "course"

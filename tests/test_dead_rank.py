@@ -1,6 +1,6 @@
 """A rank that dies or hangs mid-step ends the whole job quickly with a message naming it: never a hang.
 
-The failures are injected with FSDP_LAB_FAULT=KIND:RANK:STEP (see fsdp_lab.train.Fault). Each job gets a hard
+The failures are injected with FSDP_LAB_FAULT=KIND:RANK:STEP (see fsdp_lab.training.loop.Fault). Each job gets a hard
 subprocess timeout far above what it should need; the assertions on wall time are the real check.
 """
 import json
@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from fsdp_lab import checkpoint
-from fsdp_lab import checkpoint_files as files
-from fsdp_lab.train import FAULT_EXIT
+from fsdp_lab.checkpoint import files as files
+from fsdp_lab.training.loop import FAULT_EXIT
 
 REPO = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT = 150  # the subprocess is killed after this; the job must end far sooner

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ranks_features import error_cases
 
 from fsdp_lab import FSDP
-from fsdp_lab.launch import run_on_ranks
-from ranks_features import error_cases
+from fsdp_lab.training.launch import run_on_ranks
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ One launch per experiment family (process start-up dominates on a 2-core CPU); t
 """
 import pytest
 
-from fsdp_lab.experiments.engineering import overlaps, run_engineering, spans
-from fsdp_lab.experiments.granularity import WRAPPINGS, policy_for, units_picked
-from fsdp_lab.models import GPT, PRESETS
+from fsdp_lab.lessons.experiments.engineering import overlaps, run_engineering, spans
+from fsdp_lab.lessons.experiments.granularity import WRAPPINGS, policy_for, units_picked
+from fsdp_lab.training.models import GPT, PRESETS
 
 
 def test_units_picked_by_each_wrapping_on_the_tiny_gpt():
@@ -97,9 +97,9 @@ def test_checkpoint_round_trip_and_full_state_dict(engineering):
 def test_minifsdp_matches_real_collectives_on_two_ranks():
     import numpy as np
 
-    from fsdp_lab.experiments.pydemo import gather_scatter_step
-    from fsdp_lab.launch import run_on_ranks
-    from fsdp_lab.minifsdp import MiniFSDP
+    from fsdp_lab.lessons.experiments.pydemo import gather_scatter_step
+    from fsdp_lab.theory.minifsdp import MiniFSDP
+    from fsdp_lab.training.launch import run_on_ranks
 
     ranks = run_on_ranks(gather_scatter_step, 2, "tiny", 0.1, timeout_s=120)
     mini = MiniFSDP.from_shards([r["shard"] for r in ranks], ranks[0]["numel"])
@@ -115,8 +115,8 @@ def test_minifsdp_matches_real_collectives_on_two_ranks():
 
 
 def test_misconceptions_fsdp_vs_ddp_and_granularity():
-    from fsdp_lab import formulas
-    from fsdp_lab.experiments.misconceptions import run_misconceptions
+    from fsdp_lab.lessons.experiments.misconceptions import run_misconceptions
+    from fsdp_lab.theory import formulas
 
     results = run_misconceptions(world_size=2, preset="tiny", steps=2, wrappings=("whole", "leaf"), timeout_s=240)
     for r in results:
@@ -134,7 +134,7 @@ def test_misconceptions_fsdp_vs_ddp_and_granularity():
 
 
 def test_bf16_masters_lose_updates_that_fp32_masters_keep():
-    from fsdp_lab.experiments.misconceptions import accumulate, master_precision
+    from fsdp_lab.lessons.experiments.misconceptions import accumulate, master_precision
 
     assert accumulate(1e-3, 1000, 1.0) == {"float32": pytest.approx(2.0, abs=1e-3), "bfloat16": 1.0}
     runs = master_precision(lr=1e-4, steps=3)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ranks_features import no_grad_and_eval, no_sync_reference, no_sync_step, summon_writeback, train_outer
 
-from fsdp_lab.launch import run_on_ranks
-from fsdp_lab.unit import UnitState
-from ranks_features import (no_grad_and_eval, no_sync_reference, no_sync_step, summon_writeback, train_outer)
+from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.training.launch import run_on_ranks
 
 TOL = 1e-5
 
@@ -60,7 +60,7 @@ def test_no_sync_full_shard_sends_only_gathers():
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "ZERO1", "NO_SHARD"])
 def test_summon_full_params_original_names_and_writeback(strategy):
     results = run_on_ranks(summon_writeback, 2, strategy, timeout_s=120)
-    from fsdp_lab.models import build_gpt
+    from fsdp_lab.training.models import build_gpt
 
     plain = build_gpt("tiny")
     assert sorted(results[0][0]) == sorted(n for n, _ in plain.named_parameters())
@@ -71,7 +71,7 @@ def test_summon_full_params_original_names_and_writeback(strategy):
     with torch.no_grad():
         plain.blocks[0].ln1.weight.fill_(2.0)
         plain.wte.weight[0].fill_(0.5)
-    from fsdp_lab.models import batch_for_step
+    from fsdp_lab.training.models import batch_for_step
 
     x, _ = batch_for_step(plain.cfg, 0, 2)
     expected = plain(x).detach()

@@ -1,9 +1,10 @@
-"""The article's own numbers, the ZeRO ordering, the corrections and the errors of fsdp_lab.formulas."""
+"""The article's own numbers, the ZeRO ordering, the corrections and the errors of fsdp_lab.theory.formulas."""
 import math
 
 import pytest
 
-from fsdp_lab import formulas as F
+from fsdp_lab.theory import formulas as F
+from fsdp_lab.theory import planner as P
 
 PHI_7B = 7e9
 GB = 1e9
@@ -117,7 +118,7 @@ def test_runtime_state_rejects_unpadded_sharded_counts_and_unknown_strategies():
 
 
 def test_runtime_state_accepts_the_enum():
-    from fsdp_lab.strategy import ShardingStrategy
+    from fsdp_lab.runtime.strategy import ShardingStrategy
     assert F.runtime_state_bytes(ShardingStrategy.FULL_SHARD, 8, 2).total == 64
 
 
@@ -141,7 +142,7 @@ def test_comm_bytes_per_step_ring():
 
 
 def test_plan_reproduces_the_article_and_counts_activations():
-    p = F.plan(7e9, 8, 80)
+    p = P.plan(7e9, 8, 80)
     assert (p.layers, p.hidden, p.heads) == (32, 4096, 32)
     assert "layers=32" in p.assumptions and "hidden=4096" in p.assumptions
     assert p.ddp_bytes == 112 * 10**9 and not p.fits("DDP", with_activations=False)
@@ -157,25 +158,25 @@ def test_plan_reproduces_the_article_and_counts_activations():
 
 
 def test_plan_n_min_with_activations_actually_fits_and_one_less_does_not():
-    p = F.plan(7e9, 8, 80)
-    at = F.plan(7e9, p.n_min_with_activations, 80)
-    below = F.plan(7e9, p.n_min_with_activations - 1, 80)
+    p = P.plan(7e9, 8, 80)
+    at = P.plan(7e9, p.n_min_with_activations, 80)
+    below = P.plan(7e9, p.n_min_with_activations - 1, 80)
     assert at.fits("ZeRO-3") and not below.fits("ZeRO-3")
 
 
 def test_plan_recompute_and_shape_and_strategy_options():
-    assert F.plan(7e9, 8, 80, recompute=True).n_min_with_activations == 2
-    assert F.plan(7e9, 8, 80, micro_batch=2).n_min_with_activations > 3
-    given = F.plan(7e9, 8, 80, layers=32, hidden=4096, heads=32)
+    assert P.plan(7e9, 8, 80, recompute=True).n_min_with_activations == 2
+    assert P.plan(7e9, 8, 80, micro_batch=2).n_min_with_activations > 3
+    given = P.plan(7e9, 8, 80, layers=32, hidden=4096, heads=32)
     assert given.assumptions.startswith("shape given")
-    assert F.plan(7e9, 8, 80, strategy="NO_SHARD").n_min_with_activations is None  # DDP never fits 80 GB
-    assert F.plan(1e9, 8, 80, strategy="DDP").n_min_with_activations == 1
-    assert F.plan(7e9, 8, 80, strategy="SHARD_GRAD_OP").strategy == "ZeRO-2"
-    assert F.llama_like_shape(13e9) == (40, 5120, 40)
+    assert P.plan(7e9, 8, 80, strategy="NO_SHARD").n_min_with_activations is None  # DDP never fits 80 GB
+    assert P.plan(1e9, 8, 80, strategy="DDP").n_min_with_activations == 1
+    assert P.plan(7e9, 8, 80, strategy="SHARD_GRAD_OP").strategy == "ZeRO-2"
+    assert P.llama_like_shape(13e9) == (40, 5120, 40)
 
 
 def test_plan_precision_changes_working_bytes():
-    assert F.plan(7e9, 8, 80, precision="fp32").working_bytes == 2 * F.plan(7e9, 8, 80).working_bytes
+    assert P.plan(7e9, 8, 80, precision="fp32").working_bytes == 2 * P.plan(7e9, 8, 80).working_bytes
 
 
 @pytest.mark.parametrize("kwargs, needle", [
@@ -191,7 +192,7 @@ def test_plan_precision_changes_working_bytes():
 ])
 def test_plan_rejects_bad_input_with_the_number(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
-        F.plan(**kwargs)
+        P.plan(**kwargs)
 
 
 @pytest.mark.parametrize("call, needle", [
@@ -210,9 +211,9 @@ def test_formulas_reject_bad_input(call, needle):
 
 
 def test_plan_is_frozen_and_validates_itself():
-    p = F.plan(7e9, 8, 80)
+    p = P.plan(7e9, 8, 80)
     with pytest.raises(AttributeError):
         p.gpus = 4
     with pytest.raises(ValueError, match="reserve_fraction"):
-        F.plan(7e9, 8, 80, reserve_fraction=1.0)
+        P.plan(7e9, 8, 80, reserve_fraction=1.0)
     assert math.isclose(F.m_zero3(7e9, 3) * 3, 112e9)

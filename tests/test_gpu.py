@@ -1,4 +1,4 @@
-"""Checks that only a GPU can answer (fsdp_lab/bench_checks.py): parity with FSDP2 in bf16 and fp32 on CUDA (world
+"""Checks that only a GPU can answer (fsdp_lab/bench/gpu_checks.py): parity with FSDP2 in bf16 and fp32 on CUDA (world
 size 1 on NCCL, and two ranks over gloo on one GPU), no host sync in a steady-state step, unsharded memory released
 between units as seen by torch.cuda.memory_allocated, and gather kernels overlapping compute in a profile.
 Without pytest, benchmarks/gpu_checks.py runs the same checks."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fsdp_lab.bench_checks import WORLD1_CHECKS, run_checks
-from fsdp_lab.launch import run_on_ranks
+from fsdp_lab.bench.gpu_checks import WORLD1_CHECKS, run_checks
+from fsdp_lab.training.launch import run_on_ranks
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

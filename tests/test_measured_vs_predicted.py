@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import pytest
 
-from fsdp_lab import formulas as F
-from fsdp_lab.experiments import ALL_STRATEGIES, measure_prefetch, measure_strategy_matrix
-from fsdp_lab.models import GPTConfig
+from fsdp_lab.lessons.experiments import ALL_STRATEGIES, measure_prefetch, measure_strategy_matrix
+from fsdp_lab.theory import formulas as F
+from fsdp_lab.training.models import GPTConfig
 
 WORLD = 2
 STEPS = 2
@@ -79,7 +79,7 @@ def test_zero_stages_order_as_the_article_says(measured):
 @pytest.mark.timeout(300)
 def test_peak_unsharded_is_one_unit_without_prefetch_and_two_with_it(prefetch):
     """Without prefetch the largest gathered set is the root plus one block; with forward_prefetch and
-    BACKWARD_PRE it is the root plus two blocks (fsdp_lab.formulas.unsharded_peak_bytes gives 1× or 2× the largest
+    BACKWARD_PRE it is the root plus two blocks (fsdp_lab.theory.formulas.unsharded_peak_bytes gives 1× or 2× the largest
     unit; the root's term is added, see the module note). Forward prefetch needs the unit order the first
     forward records, so step 0's forward is unprefetched and step 1's is: that is also when torch's FSDP1 starts
     forward prefetch."""

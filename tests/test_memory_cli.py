@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from fsdp_lab import cli, formulas
+from fsdp_lab import cli
+from fsdp_lab.theory import planner
 
 
 def run_memory(capsys, *argv):
@@ -35,7 +36,7 @@ def test_table_has_every_stage_with_its_bytes_and_verdict(capsys):
 
 def test_numbers_come_from_plan(capsys):
     _code, out = run_memory(capsys, "--params", "13B", "--gpus", "4", "--gpu-mem", "80", "--seq-len", "1024")
-    p = formulas.plan(13e9, 4, 80, seq_len=1024)
+    p = planner.plan(13e9, 4, 80, seq_len=1024)
     assert (p.n_min, p.n_min_with_activations) == (3, 4)
     assert f"= {p.n_min} GPUs (the article" in out
     assert f"needs N_min = {p.n_min_with_activations} GPUs" in out

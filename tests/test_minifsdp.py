@@ -3,7 +3,7 @@ ranks, a sharded SGD step equal to the unsharded one, and a peak that counts the
 import numpy as np
 import pytest
 
-from fsdp_lab.minifsdp import (MiniFSDP, article_peak_estimate, dropped_by_floor_division, padded)
+from fsdp_lab.theory.minifsdp import MiniFSDP, article_peak_estimate, dropped_by_floor_division, padded
 
 SIZES = [4096, 4097, 11008, 5]
 

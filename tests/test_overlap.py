@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ranks_overlap import fake_stream_run, gathering_count, prefetch_trace
 
 from fsdp_lab import BackwardPrefetch
-from fsdp_lab.launch import run_on_ranks
-from ranks_overlap import fake_stream_run, gathering_count, prefetch_trace
+from fsdp_lab.training.launch import run_on_ranks
 
 PRE, POST = BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST
 

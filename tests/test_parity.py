@@ -7,9 +7,9 @@ rounds at different places (autocast keeps LayerNorm and the loss in fp32, FSDP 
 from __future__ import annotations
 
 import pytest
-
-from fsdp_lab.launch import run_on_ranks
 from ranks_parity import run_matrix, train_reference
+
+from fsdp_lab.training.launch import run_on_ranks
 
 FP32_TOL = 1e-5
 BF16_TOL = 5e-2

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_lab.quiz import QuizFileError, load_bank, load_chapter, load_chapter_by_key
+from fsdp_lab.lessons.quiz import QuizFileError, load_bank, load_chapter, load_chapter_by_key
 
 FIXTURES = Path(__file__).parent / "quiz_fixtures"
 BAD = FIXTURES / "bad"

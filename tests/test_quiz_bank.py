@@ -6,11 +6,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from fsdp_lab import formulas
-from fsdp_lab.quiz import CHAPTERS, QuestionType, default_quiz_dir, load_bank, present
-from fsdp_lab.quiz.computed import HELPERS
-from fsdp_lab.quiz.validate import load_schema
-from fsdp_lab.quiz.yamlfile import read_yaml
+from fsdp_lab.lessons.quiz import CHAPTERS, QuestionType, default_quiz_dir, load_bank, present
+from fsdp_lab.lessons.quiz.bank import load_schema, read_yaml
+from fsdp_lab.lessons.quiz.computed import HELPERS
+from fsdp_lab.theory import formulas
 
 FIXTURES = Path(__file__).parent / "quiz_fixtures"
 ARTICLE = FIXTURES / "article_interview.txt"

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from fsdp_lab import cli
-from fsdp_lab.quiz import load_chapter_by_key, present
-from fsdp_lab.quiz.progress import read_progress
+from fsdp_lab.lessons.quiz import load_chapter_by_key, present
+from fsdp_lab.lessons.quiz.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = ["A", "B", "B", "C", "AB", "C", "AB", "A", "A", "AB"]

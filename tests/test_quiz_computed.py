@@ -1,8 +1,8 @@
 """Templated numbers: evaluated by calling registered functions, never by evaluating YAML text."""
 import pytest
 
-from fsdp_lab import formulas
-from fsdp_lab.quiz.computed import ComputeError, default_registry, format_number, resolve
+from fsdp_lab.lessons.quiz.computed import ComputeError, default_registry, format_number, resolve
+from fsdp_lab.theory import formulas
 
 
 def test_registry_is_formulas_plus_helpers_and_fresh_each_time():

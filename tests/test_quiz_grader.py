@@ -1,9 +1,9 @@
 """The grader: single choice is right or wrong; multi-select uses PrairieLearn's net-correct ("PC") rule."""
 import pytest
-
-import fsdp_lab.quiz.grader as grader_module
-from fsdp_lab.quiz.grader import PARTIAL_CREDIT_RULE, grade, net_correct
 from quiz_fixtures.factory import idx, make_question
+
+import fsdp_lab.lessons.quiz.scoring as grader_module
+from fsdp_lab.lessons.quiz.scoring import PARTIAL_CREDIT_RULE, grade, net_correct
 
 
 @pytest.mark.parametrize("selected, expected", [

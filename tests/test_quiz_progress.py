@@ -1,13 +1,13 @@
 """Progress files: atomic writes, a schema version, and bad files moved aside (never lost, never fatal)."""
 import json
-import re
 import os
+import re
 from datetime import datetime, timezone
 
 import pytest
 
-from fsdp_lab.quiz import ProgressFileError, ProgressStore, QuizRun, load_chapter_by_key
-from fsdp_lab.quiz.progress import SCHEMA_VERSION, read_progress, write_atomic
+from fsdp_lab.lessons.quiz import ProgressFileError, ProgressStore, QuizRun, load_chapter_by_key
+from fsdp_lab.lessons.quiz.progress import SCHEMA_VERSION, read_progress, write_atomic
 
 FIXED = datetime(2025, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
 

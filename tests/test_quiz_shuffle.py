@@ -5,11 +5,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from fsdp_lab.quiz import grade, load_chapter_by_key, present
-from fsdp_lab.quiz.present import option_order
-from fsdp_lab.quiz.template import TemplateError, bare_letters, placeholders, render
 from quiz_fixtures.factory import make_question
+
+from fsdp_lab.lessons.quiz import grade, load_chapter_by_key, present
+from fsdp_lab.lessons.quiz.scoring import option_order
+from fsdp_lab.lessons.quiz.questions import TemplateError, bare_letters, placeholders, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def test_same_seed_same_order_different_seeds_differ(interview):
 
 
 def test_order_is_the_same_in_another_process():
-    code = ("from fsdp_lab.quiz import load_chapter_by_key\nfrom fsdp_lab.quiz.present import option_order\n"
+    code = ("from fsdp_lab.lessons.quiz import load_chapter_by_key\nfrom fsdp_lab.lessons.quiz.scoring import option_order\n"
             "print([option_order(q, 7) for q in load_chapter_by_key('10').questions])")
     outs = set()
     for hashseed in ("1", "2"):

@@ -3,9 +3,9 @@ import pytest
 
 pytest.importorskip("ipywidgets")
 
-from fsdp_lab.quiz import present, quiz  # noqa: E402
-from fsdp_lab.quiz.progress import read_progress  # noqa: E402
-from fsdp_lab.quiz.widget import QuizWidget  # noqa: E402
+from fsdp_lab.lessons.quiz import present, quiz  # noqa: E402
+from fsdp_lab.lessons.quiz.progress import read_progress  # noqa: E402
+from fsdp_lab.lessons.quiz.widget import QuizWidget  # noqa: E402
 
 KEY = ["A", "B", "B", "C", "AB", "C", "AB", "A", "A", "AB"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdp_lab import trace
-from fsdp_lab.gpu_memory import cuda_unavailable_reason, record_memory_snapshot
+from fsdp_lab.observe import trace
+from fsdp_lab.observe.cuda_memory import cuda_unavailable_reason, record_memory_snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "record_gpu_traces.py"
@@ -55,7 +55,7 @@ def test_cpu_smoke_run_writes_traces_with_provenance(tmp_path, monkeypatch):
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     assert total < load_script().MAX_TOTAL_BYTES, total
     # What the recorder writes is what the course's widgets replay, with its provenance on screen.
-    from fsdp_lab.widgets import LiveMemoryChart, PotluckLifecycle, sources
+    from fsdp_lab.lessons.widgets import LiveMemoryChart, PotluckLifecycle, sources
 
     monkeypatch.setattr(sources, "GPU_TRACE_DIR", out)
     assert sorted(sources.list_gpu_traces()) == sorted(r["folder"] for r in index["runs"])

@@ -3,10 +3,10 @@ once a unit is freed (checked through untyped_storage().size())."""
 from __future__ import annotations
 
 import pytest
-
-from fsdp_lab.launch import run_on_ranks
-from fsdp_lab.unit import UnitState
 from ranks_features import sharding_facts
+
+from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.training.launch import run_on_ranks
 
 
 @pytest.mark.parametrize("world_size", [3, 4])

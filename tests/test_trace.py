@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from fsdp_lab import trace
-from fsdp_lab.experiments import run_lifecycle, trace_on_off, unit_event_sequences
-from fsdp_lab.experiments.lifecycle import FULL_SHARD_ROOT_EVENTS, FULL_SHARD_UNIT_EVENTS
-from fsdp_lab.flat_param import padded_size
-from fsdp_lab.models import build_gpt, count_params
-from fsdp_lab.trace_follow import follow
+from fsdp_lab.lessons.experiments import run_lifecycle, trace_on_off, unit_event_sequences
+from fsdp_lab.lessons.experiments.lifecycle import FULL_SHARD_ROOT_EVENTS, FULL_SHARD_UNIT_EVENTS
+from fsdp_lab.observe import trace
+from fsdp_lab.observe.follow import follow
+from fsdp_lab.runtime.flat_param import padded_size
+from fsdp_lab.training.models import build_gpt, count_params
 
 WORLD = 2
 STEPS = 3

@@ -2,7 +2,7 @@
 
 The expensive part is starting ranks, so one 4-rank run (checkpoints, trace, JSON log, export) feeds several
 tests, and one 2-rank run resumes it. Option coverage (activation checkpointing, prefetch, strategies, bf16)
-runs in-process on ranks from fsdp_lab.launch, where one spawn can train several configurations.
+runs in-process on ranks from fsdp_lab.training.launch, where one spawn can train several configurations.
 """
 import dataclasses
 import json
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from fsdp_lab import cli
-from fsdp_lab import checkpoint_files as files
+from fsdp_lab.checkpoint import files as files
 from fsdp_lab.commands import train as train_cmd
-from fsdp_lab.launch import run_on_ranks
-from fsdp_lab.models import build_gpt
-from fsdp_lab.trace import read_events, rank_file
-from fsdp_lab.train import TrainConfig, train
+from fsdp_lab.observe.trace import rank_file, read_events
+from fsdp_lab.training.launch import run_on_ranks
+from fsdp_lab.training.loop import TrainConfig, train
+from fsdp_lab.training.models import build_gpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -88,9 +88,9 @@ def test_print_command_is_a_torchrun_line_that_round_trips(capsys):
     assert code == 0, out
     argv = shlex.split(out.strip())
     assert argv[1:3] == ["-m", "torch.distributed.run"]
-    launcher = " ".join(argv[3:argv.index("fsdp_lab.train")])
+    launcher = " ".join(argv[3:argv.index("fsdp_lab.commands.train")])
     assert "--nproc-per-node 8 --nnodes 2 --node-rank 1 --rdzv-backend static --rdzv-endpoint head:29500" in launcher
-    worker = argv[argv.index("fsdp_lab.train") + 1:]
+    worker = argv[argv.index("fsdp_lab.commands.train") + 1:]
     parser = __import__("argparse").ArgumentParser()
     train_cmd.add_training_arguments(parser)
     cfg = train_cmd.config_from_args(parser.parse_args(worker))
@@ -167,7 +167,7 @@ def test_resume_on_two_ranks_continues_the_four_rank_loss_curve(four_rank_run, t
 def _options(rank, world_size, tmp):
     """Train the same 3 steps under several option sets on one 2-rank group; return losses, and how often each
     block's MLP ran (a recomputed block runs it twice per step: forward, and again inside backward)."""
-    from fsdp_lab import models
+    from fsdp_lab.training import models
 
     calls = {"mlp": 0}
     original = models.MLP.forward

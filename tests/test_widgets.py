@@ -1,17 +1,17 @@
 """The widgets without a browser: frames against a real 2-rank trace, the slider driven from Python, the
-planner's numbers against fsdp_lab.formulas, and the live chart picking up lines as a JSONL file grows."""
+planner's numbers against fsdp_lab.theory.formulas, and the live chart picking up lines as a JSONL file grows."""
 import base64
 import json
 import shutil
 
 import pytest
 
-from fsdp_lab import formulas, trace
-from fsdp_lab.widgets import (BEATS, LiveMemoryChart, MeasuredPoint, Planner, PotluckLifecycle, frame,
-                              step_bytes_sent, unit_sizes)
-from fsdp_lab.widgets import sources
-from fsdp_lab.widgets.fmt import human_bytes
-from fsdp_lab.widgets.planner import gb
+from fsdp_lab.lessons.widgets import (BEATS, LiveMemoryChart, MeasuredPoint, Planner, PotluckLifecycle, frame, sources,
+                                      step_bytes_sent, unit_sizes)
+from fsdp_lab.lessons.widgets.fmt import human_bytes
+from fsdp_lab.lessons.widgets.planner import gb
+from fsdp_lab.observe import trace
+from fsdp_lab.theory import formulas, planner
 
 
 @pytest.fixture(scope="module")
@@ -157,14 +157,14 @@ def test_live_chart_plots_cuda_allocated_when_present(tmp_path):
 
 def test_planner_numbers_are_the_formulas():
     p = Planner(phi=7e9, n=8, gpu_mem_gb=80, strategy="ZeRO-3")
-    want = formulas.plan(7_000_000_000, 8, 80, strategy="ZeRO-3", precision="bf16")
+    want = planner.plan(7_000_000_000, 8, 80, strategy="ZeRO-3", precision="bf16")
     got = p.numbers()
     assert got["state_bytes"] == formulas.m_zero3(7e9, 8) == want.zero3_bytes
     assert (got["n_min"], got["n_min_with_activations"], got["rows"]) == (want.n_min, want.n_min_with_activations,
                                                                           want.rows())
     assert gb(formulas.m_zero3(7e9, 8)) in p.formula.value
     p.strategy.value, p.n.value, p.precision.value = "ZeRO-1", 4, "fp32"
-    want = formulas.plan(7_000_000_000, 4, 80, strategy="ZeRO-1", precision="fp32")
+    want = planner.plan(7_000_000_000, 4, 80, strategy="ZeRO-1", precision="fp32")
     assert p.numbers()["state_bytes"] == formulas.m_zero1(7e9, 4) and p.numbers()["peak_bytes"] == \
         want.peak_bytes("ZeRO-1")
     assert gb(formulas.m_zero1(7e9, 4)) in p.formula.value

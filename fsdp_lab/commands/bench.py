@@ -4,7 +4,7 @@
     fsdp-lab bench --device cuda --preset 369m                         # one GPU, NCCL, world size 1
     fsdp-lab bench --device cuda --preset 369m --backend gloo --nproc-per-node 2    # memory only (gloo)
 
-A table first, then one JSON object on the last line (what fsdp_lab.bench.summarize returns; the ratios are
+A table first, then one JSON object on the last line (what fsdp_lab.bench.run.summarize returns; the ratios are
 fsdp_lab's figure over the other setup's). Exit codes: 0 ok, 2 bad options or no such device, 1 a rank failed.
 """
 from __future__ import annotations
@@ -17,8 +17,8 @@ HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/
 
 
 def add_arguments(p) -> None:
-    from fsdp_lab.bench_runners import MODES, OPTIMIZERS
-    from fsdp_lab.models import PRESETS
+    from fsdp_lab.bench.setups import MODES, OPTIMIZERS
+    from fsdp_lab.training.models import PRESETS
 
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--nproc-per-node", type=int, default=None,
@@ -44,9 +44,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from fsdp_lab.bench import BenchConfig, run_bench
-    from fsdp_lab.bench_report import format_table
-    from fsdp_lab.launch import RankFailed
+    from fsdp_lab.bench.report import format_table
+    from fsdp_lab.bench.run import BenchConfig, run_bench
+    from fsdp_lab.training.launch import RankFailed
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
     try:

@@ -8,7 +8,7 @@ HELP = "train the small GPT on 2 CPU ranks (gloo) beside a single-process refere
 def add_arguments(p):
     p.add_argument("--world-size", type=int, default=2, help="number of CPU ranks (default 2)")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--preset", default="tiny", help="model preset from fsdp_lab.models.PRESETS")
+    p.add_argument("--preset", default="tiny", help="model preset from fsdp_lab.training.models.PRESETS")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--strategy", default="FULL_SHARD",
                    choices=["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
@@ -19,8 +19,8 @@ def _kib(n: int) -> str:
 
 
 def run(args) -> int:
-    from fsdp_lab.demo import run_demo
-    from fsdp_lab.models import PRESETS
+    from fsdp_lab.training.demo import run_demo
+    from fsdp_lab.training.models import PRESETS
 
     if args.preset not in PRESETS:
         print(f"error: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")

@@ -1,6 +1,6 @@
 """`fsdp-lab memory`: the article's GPU planner (适用场景) in a terminal.
 
-Every number printed comes from fsdp_lab.formulas.plan(), so the command, the notebooks and the tests cannot
+Every number printed comes from fsdp_lab.theory.planner.plan(), so the command, the notebooks and the tests cannot
 drift apart. It prints the article's answer first (16Φ, 16Φ/N, N_min) and then what activations and an
 allocator reserve do to it, because the article's N_min counts neither.
 """
@@ -11,8 +11,8 @@ import math
 import re
 import sys
 
-from fsdp_lab import formulas
 from fsdp_lab.commands._argtypes import positive_float, positive_int
+from fsdp_lab.theory import formulas, planner
 
 NAME = "memory"
 HELP = "Per-GPU memory of DDP and ZeRO-1/2/3 for a model, and how many GPUs it needs (the article's planner)."
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="memory per GPU in GB, 1 GB = 1e9 bytes (default 80)")
     parser.add_argument("--seq-len", type=positive_int, default=2048, help="tokens per sequence (default 2048)")
     parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU (default 1)")
-    parser.add_argument("--precision", choices=sorted(formulas.PRECISION_BYTES), default="bf16",
+    parser.add_argument("--precision", choices=sorted(planner.PRECISION_BYTES), default="bf16",
                         help="compute dtype of working copies and activations (default bf16)")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute (checkpointing)")
     parser.add_argument("--reserve", type=_fraction, default=0.2,
@@ -78,7 +78,7 @@ def _gpus(n) -> str:
     return "none (one layer plus the activations already exceed a card)" if n is None else f"{n} GPU{'s' * (n != 1)}"
 
 
-def report(p: formulas.Plan) -> str:
+def report(p: planner.Plan) -> str:
     """The whole printout for one plan, as text (tests and notebooks can call it without the CLI)."""
     mem, n = p.gpu_mem_bytes, p.gpus
     ddp_verdict = "fits on one" if p.fits("DDP", with_activations=False) else "does not fit one"
@@ -119,7 +119,7 @@ def report(p: formulas.Plan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        p = formulas.plan(args.params, args.gpus, args.gpu_mem, precision=args.precision, seq_len=args.seq_len,
+        p = planner.plan(args.params, args.gpus, args.gpu_mem, precision=args.precision, seq_len=args.seq_len,
                           micro_batch=args.micro_batch, layers=args.layers, hidden=args.hidden, heads=args.heads,
                           recompute=args.recompute, reserve_fraction=args.reserve)
     except ValueError as err:

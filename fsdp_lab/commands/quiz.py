@@ -38,8 +38,8 @@ def _login() -> str:
 
 
 def _list(args, progress) -> int:
-    from fsdp_lab.quiz.loader import load_bank
-    from fsdp_lab.quiz.messages import msg, points
+    from fsdp_lab.lessons.quiz.bank import load_bank
+    from fsdp_lab.lessons.quiz.questions import msg, points
 
     bank = load_bank(args.bank)
     print(msg(args.lang, "chapters"))
@@ -52,12 +52,11 @@ def _list(args, progress) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsdp_lab.quiz.errors import QuizFileError
-    from fsdp_lab.quiz.loader import chapter_key, load_chapter_by_key
-    from fsdp_lab.quiz.messages import msg, points
-    from fsdp_lab.quiz.progress import ProgressStore
-    from fsdp_lab.quiz.session import QuizRun
-    from fsdp_lab.quiz.terminal import run_terminal
+    from fsdp_lab.lessons.quiz.bank import chapter_key, load_chapter_by_key
+    from fsdp_lab.lessons.quiz.scoring import QuizRun
+    from fsdp_lab.lessons.quiz.progress import ProgressStore
+    from fsdp_lab.lessons.quiz.questions import QuizFileError, msg, points
+    from fsdp_lab.lessons.quiz.terminal import run_terminal
 
     _utf8_safe(sys.stdout), _utf8_safe(sys.stderr)
     store = ProgressStore(args.progress)

@@ -19,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsdp_lab.quiz.progress import write_atomic
-    from fsdp_lab.quiz.roster import collect, write_csv
+    from fsdp_lab.lessons.quiz.progress import collect, write_atomic, write_csv
 
     try:
         rows, problems = collect(args.dir)

@@ -1,7 +1,7 @@
 """`fsdp-lab train`: train the course GPT with fsdp_lab on 1..N processes, one or many nodes, through torchrun.
 
 The command checks every flag first (exit 2 with the flag named), then runs torchrun (`torch.distributed.run`,
-in this process) which starts `python -m fsdp_lab.train <flags>` once per rank and watches them. When a rank
+in this process) which starts `python -m fsdp_lab.commands.train <flags>` once per rank and watches them. When a rank
 dies, torchrun stops the others within about a second; a rank that hangs makes its peers' collectives fail after
 --timeout seconds. Either way the job ends, and this command names the rank that caused it.
 
@@ -26,7 +26,7 @@ NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
 cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
-loaded; 130 interrupted. Each rank can also be started directly: torchrun ... -m fsdp_lab.train <training flags>."""
+loaded; 130 interrupted. Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
 
 
 class ExitCode(enum.IntEnum):
@@ -46,8 +46,8 @@ def _endpoint(text: str) -> str:
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdp_lab.models import PRESETS
-    from fsdp_lab.strategy import ShardingStrategy
+    from fsdp_lab.runtime.strategy import ShardingStrategy
+    from fsdp_lab.training.models import PRESETS
 
     g = parser.add_argument_group("training")
     g.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args):
-    from fsdp_lab.train import TrainConfig
+    from fsdp_lab.training.loop import TrainConfig
 
     fields = TrainConfig.__dataclass_fields__
     return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
@@ -112,7 +112,7 @@ def torchrun_argv(args, cfg) -> list[str]:
     else:
         argv += ["--node-rank", str(args.node_rank), "--rdzv-backend", args.rdzv_backend,
                  "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]
-    return argv + ["-m", "fsdp_lab.train", *cfg.to_argv()]
+    return argv + ["-m", "fsdp_lab.commands.train", *cfg.to_argv()]
 
 
 def _usage(message: str) -> int:
@@ -125,7 +125,7 @@ def _check(args, cfg, machine: bool = True) -> int | None:
     machine=False (--print-command: the command may be meant for another machine) only the flags are checked."""
     import torch
 
-    from fsdp_lab.checkpoint_files import CheckpointError, read_latest, resolve
+    from fsdp_lab.checkpoint.files import CheckpointError, read_latest, resolve
 
     world = args.nproc_per_node * args.nnodes
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -201,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.nproc_per_node))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser, run as torchrun
+    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import run as torchrun
 
     world = args.nproc_per_node * args.nnodes
     try:
@@ -236,8 +237,8 @@ def _exit(code: ExitCode, message: str) -> None:
 
 
 def worker_entry(argv: list[str]) -> int:
-    """One rank: `python -m fsdp_lab.train <training flags>` under torchrun (or alone: a world of one)."""
-    parser = argparse.ArgumentParser(prog="python -m fsdp_lab.train", epilog=EPILOG)
+    """One rank: `python -m fsdp_lab.commands.train <training flags>` under torchrun (or alone: a world of one)."""
+    parser = argparse.ArgumentParser(prog="python -m fsdp_lab.commands.train", epilog=EPILOG)
     add_training_arguments(parser)
     try:
         cfg = config_from_args(parser.parse_args(argv))
@@ -246,11 +247,11 @@ def worker_entry(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from fsdp_lab.checkpoint_files import CheckpointError
-    from fsdp_lab.train import train
+    from fsdp_lab.checkpoint.files import CheckpointError
+    from fsdp_lab.training.loop import train
 
     if "RANK" not in os.environ:
-        from fsdp_lab.launch import free_port
+        from fsdp_lab.training.launch import free_port
 
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))

@@ -1,5 +1,5 @@
 """Small in-memory questions for grader and shuffle tests (no YAML involved)."""
-from fsdp_lab.quiz.model import LETTERS, Difficulty, Option, Question, QuestionType, Text
+from fsdp_lab.lessons.quiz.questions import LETTERS, Difficulty, Option, Question, QuestionType, Text
 
 
 def make_question(answer: str, n_options: int = 4, qid: str = "q", multi: bool | None = None,

@@ -1,0 +1,327 @@
+"""Sharded checkpoints through torch.distributed.checkpoint (DCP), and the full state dict for one-GPU use.
+
+    save(model, optimizer, directory, step)   every rank writes its own piece, in parallel; atomic (see below)
+    load(model, optimizer, path) -> meta      any world size, any sharding strategy, same wrap policy
+    full_state_dict(model)                    rank 0 gets {original name: fp32 tensor}, the plain model's keys
+    export_checkpoint(path, out)              a plain torch.save file from a checkpoint, in one process
+
+[Note: a world-size-independent layout] A rank's shard is a chunk of its unit's *padded* flat buffer, and the
+padding depends on the world size N, so saving the shards as they are would tie a checkpoint to N. Instead we
+save, for each unit and requires_grad kind, the *unpadded* flat buffer: one 1-D tensor of `numel` elements,
+described to DCP as a DTensor sharded on dim 0. Rank r's piece is [r·S, min((r+1)·S, numel)) with
+S = ceil(numel/N): exactly the unpadded front of its shard, and exactly torch.chunk's uneven layout, which is
+what DTensor's Shard(0) means, so the piece is a view and nothing is copied. AdamW's exp_avg and exp_avg_sq
+(same shape as the shard) are saved the same way; its `step` as a plain replicated tensor. Loading on N' ranks,
+each rank asks DCP for its new piece and DCP reads the overlapping ranges of the old ones: 4 ranks → 2 ranks is
+a reshard, not a conversion. Replicated strategies load into their full copies (Replicate placement), so a
+FULL_SHARD checkpoint also resumes under NO_SHARD or ZERO1. The padding is zero and stays zero (its gradient is
+zero), so it is simply left zero on load.
+
+Why not one entry per original parameter: a shard cuts parameters at arbitrary elements (half a row of a
+matrix), which Shard placements cannot describe without copies. The flat layout's price is that a checkpoint is
+tied to the unit layout (which parameters form which unit, in which order). That depends on the model and the
+wrap policy only, never on N or the strategy; it is recorded in `fsdp_lab.json` with every parameter's name,
+shape and offset, checked on load, and used by the export to restore the original names. Why DTensor and not
+ShardedTensor: torch.distributed._shard is deprecated; DTensor is what DCP is built around in torch ≥ 2.4.
+
+Atomicity (a tmp directory, then rename, then an atomic `latest` pointer) is in fsdp_lab/checkpoint/files.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from fsdp_lab.checkpoint import files
+from fsdp_lab.checkpoint.files import FORMAT, CheckpointError, read_meta
+from fsdp_lab.runtime.collectives import all_gather_flat
+from fsdp_lab.runtime.strategy import ShardingStrategy
+
+
+# -- the layout: which piece of which flat buffer each rank writes and reads ------------------------------
+def flat_key(unit, flat) -> str:
+    return f"{unit.name}/{'params' if flat.requires_grad else 'frozen_params'}"
+
+
+def flats(model):
+    return [(flat_key(unit, flat), unit, flat) for unit in model.units for flat in unit.flats]
+
+
+def piece(flat, ctx) -> tuple[int, int]:
+    """(start, length) of this rank's piece of the unpadded flat buffer: torch.chunk's layout."""
+    chunk = -(-flat.numel // ctx.world_size)
+    start = min(ctx.rank * chunk, flat.numel)
+    return start, max(0, min(chunk, flat.numel - start))
+
+
+def my_piece(tensor: torch.Tensor, flat, ctx) -> torch.Tensor:
+    """This rank's piece of a shard-shaped tensor (the shard itself, or an optimizer state of the same shape)."""
+    start, length = piece(flat, ctx)
+    if ctx.strategy is ShardingStrategy.NO_SHARD:  # the "shard" is the whole unpadded buffer
+        return tensor[start:start + length]
+    return tensor[:length]  # a chunk of the padded buffer: its unpadded front
+
+
+def mesh_of(model):
+    """A 1-D DeviceMesh over the model's process flat: what DTensor needs to describe the pieces."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(model._ctx.pg, model._ctx.device.type)
+
+
+def dtensor(local: torch.Tensor, mesh, numel: int, replicated: bool):
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    placement = Replicate() if replicated else Shard(0)
+    return DTensor.from_local(local, mesh, [placement], run_check=False, shape=torch.Size([numel]), stride=(1,))
+
+
+def save_target(tensor: torch.Tensor, flat, ctx, mesh):
+    """What this rank hands DCP for a shard-shaped tensor: its piece, as a Shard(0) DTensor over the buffer."""
+    return dtensor(my_piece(tensor, flat, ctx), mesh, flat.numel, replicated=False)
+
+
+def load_target(tensor: torch.Tensor, flat, ctx, mesh, is_param: bool):
+    """Where DCP writes a loaded buffer: this rank's piece, or the full copy a replicated strategy keeps."""
+    if ctx.strategy is ShardingStrategy.NO_SHARD:
+        return dtensor(tensor[:flat.numel], mesh, flat.numel, replicated=True)
+    if is_param and flat.replica is not None:  # ZERO1: the shard is a window onto the replicated master
+        return dtensor(flat.replica.data[:flat.numel], mesh, flat.numel, replicated=True)
+    return dtensor(my_piece(tensor, flat, ctx), mesh, flat.numel, replicated=False)
+
+
+def persistent_buffers(model):
+    for prefix, module in model.module.named_modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), buf
+
+
+def state_dict_order(model) -> list[tuple[str, int, int, int]]:
+    """(name, unit index, flat index, slot index) of every original parameter, in the plain model's
+    state_dict() order: by the owning module's position, then the order the parameters were found in."""
+    position = {}
+    for i, (_name, module) in enumerate(model.module.named_modules(remove_duplicate=False)):
+        position.setdefault(id(module), i)
+    entries, seen = [], 0
+    for ui, unit in enumerate(model.units):
+        for gi, flat in enumerate(unit.flats):
+            for si, slot in enumerate(flat.slots):
+                for owner, _attr, qualified in slot.aliases:
+                    entries.append((position.get(id(owner), 1 << 30), seen, qualified, ui, gi, si))
+                    seen += 1
+    return [(name, ui, gi, si) for _pos, _seen, name, ui, gi, si in sorted(entries)]
+
+
+def describe(model) -> list[dict]:
+    return [{"key": key, "numel": flat.numel, "requires_grad": flat.requires_grad,
+             "slots": [{"names": [a[2] for a in slot.aliases], "shape": list(slot.shape), "offset": slot.offset,
+                        "numel": slot.numel} for slot in flat.slots]} for key, _unit, flat in flats(model)]
+
+
+def optimizer_keys(model, optimizer) -> list[tuple[torch.Tensor, str, object]]:
+    by_id = {id(flat.shard): (key, flat) for key, _unit, flat in flats(model)}
+    out = []
+    for pg in optimizer.param_groups:
+        for p in pg["params"]:
+            if id(p) not in by_id:
+                raise CheckpointError(f"the optimizer holds a tensor of shape {tuple(p.shape)} that is not one of "
+                                      f"this FSDP model's flat shards; build it from model.parameters()")
+            out.append((p, *by_id[id(p)]))
+    return out
+
+
+def _on_rank0(fn: Callable, model):
+    """Run fn on the flat's rank 0 and give every rank its result, or raise CheckpointError on every rank."""
+    ctx = model._ctx
+    box = [None]
+    if ctx.rank == 0:
+        try:
+            box[0] = ("ok", fn())
+        except Exception as err:  # reported on every rank, not just the one that failed
+            box[0] = ("error", str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}")
+    device = ctx.device if ctx.device.type == "cuda" else None
+    dist.broadcast_object_list(box, src=dist.get_global_rank(ctx.pg, 0), group=ctx.pg, device=device)
+    status, value = box[0]
+    if status == "error":
+        raise CheckpointError(value)
+    return value
+
+
+def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optional[dict] = None,
+         writer_factory: Optional[Callable] = None) -> Path:
+    """Save model (and optimizer) state as `directory/step_N` on every rank; return the published path.
+    `writer_factory(path)` may supply the DCP StorageWriter (the tests use it to break a save half-way)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
+
+    ctx, mesh = model._ctx, mesh_of(model)
+    tmp = Path(_on_rank0(lambda: str(files.prepare_tmp(directory, step)), model))
+    state = {"step": torch.tensor(step, dtype=torch.int64)}
+    for key, _unit, flat in flats(model):
+        state[f"model/{key}"] = save_target(flat.shard.detach(), flat, ctx, mesh)
+    for name, buf in persistent_buffers(model):
+        state[f"buffer/{name}"] = buf.detach()
+    optim_meta = None
+    if optimizer is not None:
+        for p, key, flat in optimizer_keys(model, optimizer):
+            for name, value in optimizer.state.get(p, {}).items():
+                if not isinstance(value, torch.Tensor):
+                    raise CheckpointError(f"optimizer state '{name}' of {key} is a {type(value).__name__}; "
+                                          f"only tensors can be saved")
+                if value.shape == p.shape:
+                    value = save_target(value.detach(), flat, ctx, mesh)
+                state[f"optim/{key}/{name}"] = value
+        optim_meta = {"class": type(optimizer).__name__,
+                      "param_groups": [{k: v for k, v in pg.items() if k != "params"}
+                                       for pg in optimizer.param_groups]}
+    writer = (writer_factory or dcp.FileSystemWriter)(str(tmp))
+    try:
+        dcp.save(state, storage_writer=writer, process_group=ctx.pg)
+    except (Exception, CheckpointException) as err:
+        raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
+                              f"checkpoint. Cause: {err}") from err
+    cfg = getattr(model.module, "cfg", None)
+    meta = {"format": FORMAT, "step": step, "world_size": ctx.world_size, "strategy": ctx.strategy.name,
+            "torch": torch.__version__, "units": describe(model),
+            "model_config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else None,
+            "state_dict_order": [name for name, *_ in state_dict_order(model)],
+            "buffers": [name for name, _ in persistent_buffers(model)], "optimizer": optim_meta,
+            "extra": extra or {}}
+
+    def finish():
+        (tmp / files.META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
+        return str(files.publish(directory, step))
+
+    return Path(_on_rank0(finish, model))
+
+
+def _check_layout(meta: dict, model, where) -> None:
+    saved = {u["key"]: u["numel"] for u in meta["units"]}
+    ours = {key: flat.numel for key, _unit, flat in flats(model)}
+    if saved == ours:
+        return
+    missing, extra = sorted(set(ours) - set(saved)), sorted(set(saved) - set(ours))
+    sizes = [f"{k}: saved {saved[k]}, model {ours[k]}" for k in sorted(set(saved) & set(ours)) if saved[k] != ours[k]]
+    raise CheckpointError(f"{where} does not fit this model (saved for {meta.get('model_config')}). Units only in "
+                          f"the model: {missing[:4]}; only in the checkpoint: {extra[:4]}; element counts that "
+                          f"differ: {sizes[:4]}. Use the same preset and wrap policy as the run that saved it.")
+
+
+def load(model, optimizer, path: str | os.PathLike) -> dict:
+    """Load `path` (a checkpoint directory, via its `latest`, or one step directory) into model and optimizer,
+    whatever world size and strategy saved it. Returns the checkpoint's metadata (meta["step"] is the step)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    model._reshard_all("summon")  # nothing gathered may outlive the load with stale values
+    ctx, mesh = model._ctx, mesh_of(model)
+    step_dir = Path(_on_rank0(lambda: str(files.resolve(path)), model))
+    meta = read_meta(step_dir)
+    _check_layout(meta, model, step_dir)
+    reader = dcp.FileSystemReader(str(step_dir))
+    saved = reader.read_metadata().state_dict_metadata
+    state = {"step": torch.zeros((), dtype=torch.int64)}
+    for key, _unit, flat in flats(model):
+        state[f"model/{key}"] = load_target(flat.shard.data, flat, ctx, mesh, is_param=True)
+    for name, buf in persistent_buffers(model):
+        state[f"buffer/{name}"] = buf.data
+    loaded_optim = []
+    if optimizer is not None:
+        for p, key, flat in optimizer_keys(model, optimizer):
+            prefix = f"optim/{key}/"
+            entry = {}
+            for full_key, md in saved.items():
+                if not full_key.startswith(prefix):
+                    continue
+                if tuple(md.size) == (flat.numel,):
+                    entry[full_key[len(prefix):]] = target = torch.zeros_like(p.detach())
+                    state[full_key] = load_target(target, flat, ctx, mesh, is_param=False)
+                else:
+                    entry[full_key[len(prefix):]] = state[full_key] = torch.zeros(
+                        tuple(md.size), dtype=md.properties.dtype)
+            loaded_optim.append((p, entry))
+    try:
+        dcp.load(state, storage_reader=reader, process_group=ctx.pg)
+    except (Exception, CheckpointException) as err:
+        raise CheckpointError(f"loading {step_dir} failed: {err}") from err
+    for p, entry in loaded_optim:
+        if entry:
+            optimizer.state[p] = entry
+    if int(state["step"]) != meta["step"]:
+        raise CheckpointError(f"{step_dir}: fsdp_lab.json says step {meta['step']}, the tensors say "
+                              f"{int(state['step'])}")
+    return meta
+
+
+# -- the consolidated model: from a live sharded model (collective) or from disk (one process) ------------
+def _gather_master(flat, ctx) -> torch.Tensor:
+    """The whole unpadded fp32 master of one flat flat, on every rank."""
+    if ctx.strategy is ShardingStrategy.NO_SHARD:
+        return flat.shard.detach()[:flat.numel]
+    if flat.replica is not None:
+        return flat.replica.detach()[:flat.numel]
+    full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
+    work, _bytes = all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
+    work.wait()
+    return full[:flat.numel]
+
+
+def full_state_dict(model) -> dict:
+    """Collective: every rank must call it. Rank 0 gets the plain model's state dict (original names, fp32,
+    on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time."""
+    ctx = model._ctx
+    if ctx.in_backward:
+        raise RuntimeError("full_state_dict cannot run during backward")
+    model._reshard_all("summon")
+    tensors = {}
+    for ui, unit in enumerate(model.units):
+        for gi, flat in enumerate(unit.flats):
+            master = _gather_master(flat, ctx)
+            if ctx.rank == 0:
+                for si, slot in enumerate(flat.slots):
+                    piece = master[slot.offset:slot.offset + slot.numel].view(slot.shape)
+                    tensors[(ui, gi, si)] = piece.detach().to("cpu", torch.float32, copy=True)
+    if ctx.rank != 0:
+        return {}
+    out = {name: tensors[(ui, gi, si)] for name, ui, gi, si in state_dict_order(model)}
+    for name, buf in persistent_buffers(model):
+        out[name] = buf.detach().to("cpu", copy=True)
+    return out
+
+
+def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict:
+    """Write a checkpoint's model as a plain `torch.save` state dict (original names, fp32). One process, no
+    process flat, any world size saved it. Returns the checkpoint's metadata."""
+    import torch.distributed.checkpoint as dcp
+
+    step_dir = files.resolve(path)
+    meta = files.read_meta(step_dir)
+    flats = {f"model/{u['key']}": torch.empty(u["numel"]) for u in meta["units"]}
+    state = dict(flats)
+    buffers = {}
+    saved = dcp.FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    for name in meta["buffers"]:
+        md = saved[f"buffer/{name}"]
+        state[f"buffer/{name}"] = buffers[name] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    with warnings.catch_warnings():  # DCP warns that it runs without a process flat: that is the point here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)
+    by_name = {}
+    for unit in meta["units"]:
+        flat = flats[f"model/{unit['key']}"]
+        for slot in unit["slots"]:
+            tensor = flat[slot["offset"]:slot["offset"] + slot["numel"]].view(slot["shape"]).clone()
+            for name in slot["names"]:
+                by_name[name] = tensor
+    result = {name: by_name[name] for name in meta["state_dict_order"]}
+    result.update(buffers)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(result, out)
+    return meta

@@ -1,0 +1,1 @@
+"""What the notebooks call: experiments on real ranks, the widgets that show them, and the quizzes."""

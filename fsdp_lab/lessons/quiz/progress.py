@@ -1,0 +1,203 @@
+"""A learner's progress: one JSON file of attempts, written atomically, never lost.
+
+[Note: never lose progress] A save writes a temporary file beside the target, fsyncs it and `os.replace`s it
+in, so a crash leaves either the old file or the new one. A file that cannot be read (not JSON, wrong shape,
+another schema version) is moved aside to `<name>.corrupt-<UTC time>` (`<name>.v<N>-<time>` for another
+version), the learner is told where it went, and a fresh file starts. Nothing is overwritten in place.
+
+A class's progress files, gathered for the instructor: one row per learner × chapter.
+
+`score` is the learner's best attempt on that chapter (partial attempts included), `max` the chapter's
+question count at that attempt, `attempts` how many were recorded and `last_attempt` when the latest
+finished (UTC, ISO 8601). Files that cannot be read are reported and skipped; they never stop the export.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+from dataclasses import asdict, astuple, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, TextIO
+
+import jsonschema
+
+from fsdp_lab.lessons.quiz.bank import load_schema
+from fsdp_lab.lessons.quiz.questions import ProgressFileError
+
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def default_progress_path() -> Path:
+    """~/.fsdp-lab/progress.json, looked up on each call so a changed HOME is respected."""
+    return Path.home() / ".fsdp-lab" / "progress.json"
+
+
+@dataclass
+class Attempt:
+    """One run through a chapter, finished or cut short; `answers` maps question id -> chosen/score."""
+
+    chapter: str
+    started: str
+    finished: str
+    lang: str
+    seed: int | None
+    score: float
+    max: int
+    answered: int
+    total: int
+    complete: bool
+    answers: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class Progress:
+    learner: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_json(self, now: datetime) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "learner": self.learner, "updated": iso(now),
+                "attempts": [asdict(a) for a in self.attempts]}
+
+
+def read_progress(path: Path) -> Progress:
+    """Parse a progress file or raise ProgressFileError saying what is wrong (it never moves anything)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except IsADirectoryError:
+        raise ProgressFileError(path, "is a directory, not a progress file") from None
+    except UnicodeDecodeError as exc:
+        raise ProgressFileError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise ProgressFileError(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
+        raise ProgressFileError(path, f"schema_version is {version}, this fsdp-lab reads version {SCHEMA_VERSION}",
+                                kind=f"v{version}")
+    errors = sorted(jsonschema.Draft202012Validator(load_schema("progress.schema.json")).iter_errors(data),
+                    key=lambda e: len(e.absolute_path))
+    if errors:
+        where = "/".join(map(str, errors[0].absolute_path)) or "top level"
+        raise ProgressFileError(path, f"not a progress file ({where}: {errors[0].message})")
+    return Progress(learner=data["learner"], attempts=[Attempt(**{k: a[k] for k in Attempt.__dataclass_fields__})
+                                                        for a in data["attempts"]])
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp file in the same directory, fsync, then os.replace over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ProgressStore:
+    """The progress file at `path`. `load` never raises for a bad file: it moves it aside and says so."""
+
+    def __init__(self, path: str | Path | None = None, clock: Callable[[], datetime] = utc_now):
+        self.path = Path(path) if path is not None else default_progress_path()
+        self.clock = clock
+
+    def _aside(self, error: ProgressFileError) -> Path:
+        stamp = self.clock().astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        tag = error.kind
+        target = self.path.with_name(f"{self.path.name}.{tag}-{stamp}")
+        n = 1
+        while target.exists():
+            target, n = self.path.with_name(f"{self.path.name}.{tag}-{stamp}-{n}"), n + 1
+        os.replace(self.path, target)
+        return target
+
+    def load(self, learner: str | None = None) -> tuple[Progress, str | None]:
+        """(progress, notice). notice is None unless a bad file was moved aside; it names both paths."""
+        if not self.path.exists():
+            return Progress(learner=learner or ""), None
+        try:
+            progress = read_progress(self.path)
+        except ProgressFileError as exc:
+            moved = self._aside(exc)
+            notice = (f"Progress file {self.path} could not be used ({exc.detail}). It was moved to {moved} "
+                      f"and a fresh progress file is started; nothing in it was deleted.")
+            return Progress(learner=learner or ""), notice
+        if learner:
+            progress.learner = learner
+        return progress, None
+
+    def save(self, progress: Progress) -> None:
+        write_atomic(self.path, json.dumps(progress.to_json(self.clock()), ensure_ascii=False, indent=1) + "\n")
+
+    def record(self, attempt: Attempt, learner: str | None = None) -> str | None:
+        """Append one attempt and save; returns the notice from loading (a moved-aside file), if any."""
+        progress, notice = self.load(learner)
+        progress.attempts.append(attempt)
+        self.save(progress)
+        return notice
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    chapter: str
+    score: float
+    max: int
+    attempts: int
+    last_attempt: str
+
+
+COLUMNS = tuple(f.name for f in fields(Row))
+
+
+def rows_for(path: Path) -> list[Row]:
+    """Rows of one progress file (ProgressFileError if it is unreadable); name falls back to the file name."""
+    progress = read_progress(path)
+    name = progress.learner or path.stem
+    rows = []
+    for chapter in sorted({a.chapter for a in progress.attempts}):
+        tries = [a for a in progress.attempts if a.chapter == chapter]
+        best = max(tries, key=lambda a: (a.score, a.finished))
+        rows.append(Row(name=name, chapter=chapter, score=best.score, max=best.max, attempts=len(tries),
+                        last_attempt=max(a.finished for a in tries)))
+    return rows
+
+
+def collect(directory: str | Path) -> tuple[list[Row], list[str]]:
+    """(rows, problems) for every *.json under `directory`; a problem is "<file>: <what is wrong>"."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"{directory} is not a directory")
+    rows: list[Row] = []
+    problems: list[str] = []
+    for path in sorted(directory.rglob("*.json")):
+        try:
+            rows += rows_for(path)
+        except ProgressFileError as exc:
+            problems.append(str(exc))
+        except OSError as exc:
+            problems.append(f"{path}: cannot read: {exc}")
+    rows.sort(key=lambda r: (r.name, r.chapter))
+    return rows, problems
+
+
+def write_csv(rows: list[Row], out: TextIO) -> None:
+    """CSV with a header row; scores as plain numbers (9.5, 10), one line per row ending in \\n."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow([format(v, "g") if isinstance(v, float) else v for v in astuple(row)])

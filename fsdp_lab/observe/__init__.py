@@ -1,0 +1,1 @@
+"""Watching a run: the lifecycle trace, following it live, bytes communicated, CUDA memory snapshots."""

@@ -1,0 +1,140 @@
+"""Lifecycle trace: one JSON line per event per rank, flushed as written so a notebook can follow a live job.
+
+Off by default: a model without a tracer pays one `is None` check per event. Switch it on with
+`with trace.record(model, path, optimizer=opt): ...` (or model.set_tracer(Tracer(...))).
+
+Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}.
+"mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.memory) and, on CUDA, "cuda_allocated" and
+"cuda_reserved" from the caching allocator.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import torch
+
+from fsdp_lab.observe.traffic import collective_bytes
+from fsdp_lab.runtime.memory import memory_report
+
+
+class Tracer:
+    def __init__(self, path: Optional[str | os.PathLike] = None, rank: int = 0, model=None, optimizer=None,
+                 keep_in_memory: bool = True):
+        self.rank, self.model, self.optimizer, self.step = rank, model, None, 0
+        self.events: list[dict] = []
+        self.keep_in_memory = keep_in_memory
+        self._file = None
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8")
+        self._hook = None
+        if optimizer is not None:
+            self.watch_optimizer(optimizer)
+
+    def watch_optimizer(self, optimizer) -> None:
+        """Count optimizer state in memory and close a step at each optimizer.step()."""
+        self.optimizer = optimizer
+        self._hook = optimizer.register_step_post_hook(lambda *_: self._on_optimizer_step())
+
+    def memory(self) -> dict:
+        mem = memory_report(self.model, self.optimizer).as_dict() if self.model is not None else {}
+        device = getattr(getattr(self.model, "_ctx", None), "device", None)
+        if device is not None and device.type == "cuda":
+            mem["cuda_allocated"] = torch.cuda.memory_allocated(device)
+            mem["cuda_reserved"] = torch.cuda.memory_reserved(device)
+        return mem
+
+    def emit(self, event: str, unit: str, phase: str, collectives=(), **extra) -> dict:
+        """One event from the runtime; the collectives it issued become bytes_sent/bytes_received."""
+        comm = collective_bytes(collectives)
+        bytes_sent, bytes_received = comm.sent, comm.received
+        record = {"t": time.time(), "rank": self.rank, "step": self.step, "unit": unit, "phase": phase,
+                  "event": event, "bytes_sent": int(bytes_sent), "bytes_received": int(bytes_received),
+                  "mem": self.memory(), **extra}
+        if self.keep_in_memory:
+            self.events.append(record)
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        return record
+
+    def _on_optimizer_step(self) -> None:
+        self.emit("optimizer_step", unit="<root>", phase="optimizer")
+        self.step += 1
+
+    def on_backward_end(self) -> None:
+        if self.optimizer is None:  # no optimizer to close the step: the backward does
+            self.step += 1
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@contextlib.contextmanager
+def record(model, path: Optional[str | os.PathLike] = None, optimizer=None, **kwargs) -> Iterator[Tracer]:
+    """Trace `model` inside the block; the tracer is detached (and the file closed) however the block exits."""
+    tracer = Tracer(path, rank=model.rank, model=model, optimizer=optimizer, **kwargs)
+    model.set_tracer(tracer)
+    try:
+        yield tracer
+    finally:
+        model.set_tracer(None)
+        tracer.close()
+
+
+def rank_file(directory: str | os.PathLike, rank: int) -> Path:
+    return Path(directory) / f"rank{rank}.jsonl"
+
+
+class FileCursor:
+    """How far one rank's file has been read, and the incomplete line after that point (the one reader of trace
+    files: `read_events`, `follow` and the live memory chart all read through it)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def read_new(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        events = []
+        for line in lines:
+            if line.strip():
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{self.path}: line ending at byte {self.offset - len(self.partial)} is not "
+                                     f"valid JSON ({exc}): {line[:120]!r}") from exc
+        return events
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Read one rank's JSONL; a half-written last line (the job is still running) is skipped, not an error."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no trace file {path}")
+    return FileCursor(Path(path)).read_new()
+
+
+def load_trace(directory: str | os.PathLike) -> list[dict]:
+    """Merge every rank's file in `directory` into one timeline ordered by wall time (then rank)."""
+    files = sorted(Path(directory).glob("rank*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"no rank*.jsonl trace files in {directory}")
+    merged = [e for f in files for e in read_events(f)]
+    return sorted(merged, key=lambda e: (e["t"], e["rank"]))

@@ -1,0 +1,246 @@
+"""`FSDP`: wrap a module so each unit the policy picks (and the root) is sharded across the process group.
+
+Same constructor names as torch.distributed.fsdp.FullyShardedDataParallel for the subset we support; options
+we do not support raise a ValueError naming the option instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
+from torch.utils._pytree import tree_map
+
+from fsdp_lab.runtime.flat_param import FlatParam
+from fsdp_lab.runtime.grad_norm import clip_grad_norm_
+from fsdp_lab.runtime.memory import memory_report
+from fsdp_lab.runtime.mixed_precision import MixedPrecision, compute_dtype, reduce_dtype
+from fsdp_lab.runtime.partition import partition_params
+from fsdp_lab.runtime.state import FSDPState
+from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
+from fsdp_lab.runtime.summon import summon_full_params
+from fsdp_lab.runtime.unit import Unit, UnitState
+from fsdp_lab.runtime.wrap import select_units
+
+_PREFIX = "_fsdp_wrapped_module."
+
+
+def _check_process_group(process_group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("fsdp_lab.FSDP needs an initialised process group: call "
+                           "torch.distributed.init_process_group(...) first (fsdp_lab.training.launch.run_on_ranks does it "
+                           "for you), or run the script under torchrun.")
+    return process_group if process_group is not None else dist.group.WORLD
+
+
+def _resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
+    devices = {p.device for p in module.parameters()}
+    if any(d.type == "meta" for d in devices):
+        names = [n for n, p in module.named_parameters() if p.device.type == "meta"][:3]
+        raise ValueError(f"module has parameters on the meta device ({', '.join(names)}): materialise them "
+                         f"(e.g. module.to_empty(device=...) and re-initialise) before wrapping with FSDP")
+    if device_id is not None:
+        target = torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)
+        if target.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device_id={device_id!r} asks for CUDA but torch.cuda.is_available() is False")
+        if devices - {torch.device("cpu"), target} and devices != {target}:
+            raise ValueError(f"module is on {sorted(map(str, devices))} but device_id is {target}; "
+                             f"move it to {target} or to CPU first")
+        module.to(target)
+        return target
+    if len(devices) > 1:
+        by_dev = {}
+        for n, p in module.named_parameters():
+            by_dev.setdefault(str(p.device), n)
+        raise ValueError(f"module's parameters are on several devices: {by_dev}; FSDP needs one device "
+                         f"per rank (move the module, or pass device_id)")
+    device = next(iter(devices)) if devices else torch.device("cpu")
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"module is on {device} but the process group's backend is nccl, which needs CUDA "
+                         f"tensors: move the module to cuda or pass device_id")
+    return device
+
+
+class FSDP(nn.Module):
+    """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06."""
+
+    def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
+                 auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+                 mixed_precision: Optional[MixedPrecision] = None, ignored_modules=None, param_init_fn=None,
+                 device_id=None, sync_module_states: bool = False, forward_prefetch: bool = False,
+                 limit_all_gathers: bool = True, use_orig_params: bool = False, ignored_states=None,
+                 device_mesh=None):
+        super().__init__()
+        for option, value in (("cpu_offload", cpu_offload), ("ignored_modules", ignored_modules),
+                              ("param_init_fn", param_init_fn), ("ignored_states", ignored_states),
+                              ("device_mesh", device_mesh)):
+            if value is not None:
+                raise ValueError(f"FSDP option {option}={value!r} is not supported by fsdp_lab")
+        if isinstance(module, FSDP):
+            raise ValueError("module is already wrapped with FSDP")
+        pg = _check_process_group(process_group)
+        strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
+                               "sharding_strategy")
+        prefetch = coerce_enum(backward_prefetch, BackwardPrefetch, "backward_prefetch")
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+            if all(hasattr(mixed_precision, a) for a in ("param_dtype", "reduce_dtype")):
+                mixed_precision = MixedPrecision(mixed_precision.param_dtype, mixed_precision.reduce_dtype,
+                                                 getattr(mixed_precision, "buffer_dtype", None))
+            else:
+                raise ValueError(f"mixed_precision must be a MixedPrecision, got {mixed_precision!r}")
+        device = _resolve_device(module, device_id, dist.get_backend(pg))
+        masters = {p.dtype for p in module.parameters()}
+        if masters - {torch.float32}:
+            raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
+                             f"{sorted(map(str, masters))}. Keep the module in fp32 and use MixedPrecision")
+        if sync_module_states:
+            with torch.no_grad():
+                for tensor in list(module.parameters()) + list(module.buffers()):
+                    dist.broadcast(tensor.data, src=dist.get_global_rank(pg, 0), group=pg)
+        if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
+            for buf_module in module.modules():
+                for name, buf in buf_module._buffers.items():
+                    if buf is not None and buf.is_floating_point():
+                        buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
+        self._fsdp_wrapped_module = module
+        self._ctx = FSDPState(
+            pg=pg, world_size=dist.get_world_size(pg), rank=dist.get_rank(pg), strategy=strategy,
+            mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, torch.float32),
+            reduce_dtype=reduce_dtype(mixed_precision, torch.float32), device=device,
+            forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
+            max_gathers_in_flight=2 if limit_all_gathers else 1 << 30,
+            on_backward_start=self._on_backward_start)
+        self._units = self._build_units(module, auto_wrap_policy)
+
+    def _build_units(self, module, policy) -> list[Unit]:
+        ctx = self._ctx
+        units = []
+        for info in partition_params(module, select_units(module, policy)):
+            flats = []
+            for params, trainable in ((info.trainable, True), (info.frozen, False)):
+                if not params:
+                    continue
+                flats.append(FlatParam(
+                    info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
+                    compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
+                    shard_storage=ctx.strategy.shards_params))
+            for _param, aliases in info.trainable + info.frozen:  # the flat shards replace them
+                for owner, attr, _q in aliases:
+                    owner._parameters.pop(attr, None)
+            for flat in flats:
+                suffix = "" if flat.requires_grad else "_frozen"
+                info.module.register_parameter(f"_fsdp_flat_param{suffix}", flat.shard)
+            unit = Unit(info.name or "<root>", info.module, flats, ctx, is_root=info.module is module)
+            info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
+            info.module.register_forward_hook(unit.post_forward)
+            units.append(unit)
+        return units
+
+    # -- forward / backward ------------------------------------------------------------------------------------
+    def forward(self, *args, **kwargs):
+        ctx = self._ctx
+        if ctx.in_backward:
+            raise RuntimeError("FSDP forward called while a backward is still running")
+        policy = ctx.mixed_precision
+        if policy is not None and policy.param_dtype is not None and policy.cast_forward_inputs:
+            def cast(t):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    return t.to(policy.param_dtype)
+                return t
+            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        output = self._fsdp_wrapped_module(*args, **kwargs)
+        if ctx.forward_order:
+            ctx.order_frozen = True
+        if not torch.is_grad_enabled() or not self.training:
+            self._reshard_all("forward")
+        return output
+
+    def _on_backward_start(self) -> None:
+        ctx = self._ctx
+        if not ctx.final_callback_queued:
+            ctx.final_callback_queued = True
+            ctx.in_backward = True
+            Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _finish_backward(self) -> None:
+        ctx = self._ctx
+        try:
+            for unit in self._units:
+                unit.finish_backward()
+            stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
+            if stuck:
+                raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
+            ctx.emit("backward_end", "<root>", "backward")
+            if ctx.tracer is not None:
+                ctx.tracer.on_backward_end()
+        finally:
+            ctx.in_backward = False
+            ctx.final_callback_queued = False
+
+    def _reshard_all(self, phase: str) -> None:
+        for unit in self._units:
+            unit.free(phase)
+            unit._backward_pending = False
+
+    # -- torch-compatible helpers ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) for the backwards run inside this context."""
+        previous = self._ctx.sync_gradients
+        self._ctx.sync_gradients = False
+        try:
+            yield
+        finally:
+            self._ctx.sync_gradients = previous
+
+    @staticmethod
+    def summon_full_params(module: "FSDP", writeback: bool = True, rank0_only: bool = False,
+                           with_grads: bool = False, recurse: bool = True):
+        if not isinstance(module, FSDP):
+            raise TypeError(f"summon_full_params expects an fsdp_lab.FSDP model, got {type(module).__name__}")
+        if rank0_only or with_grads:
+            raise ValueError("summon_full_params: rank0_only and with_grads are not supported by fsdp_lab")
+        return summon_full_params(module, writeback=writeback)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip by the global gradient norm (computed across all ranks' shards)."""
+        return clip_grad_norm_(self, max_norm, norm_type)
+
+    def named_parameters(self, *args, **kwargs):
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield name.replace(_PREFIX, ""), param
+
+    def named_buffers(self, *args, **kwargs):
+        for name, buf in super().named_buffers(*args, **kwargs):
+            yield name.replace(_PREFIX, ""), buf
+
+    @property
+    def module(self) -> nn.Module:
+        return self._fsdp_wrapped_module
+
+    @property
+    def units(self) -> list[Unit]:
+        """Every unit, innermost first, the root last."""
+        return list(self._units)
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy:
+        return self._ctx.strategy
+
+    @property
+    def world_size(self) -> int:
+        return self._ctx.world_size
+
+    @property
+    def rank(self) -> int:
+        return self._ctx.rank
+
+    def set_tracer(self, tracer) -> None:
+        """Attach (or with None, detach) a fsdp_lab.observe.trace.Tracer; tracing costs nothing while detached."""
+        self._ctx.tracer = tracer
+
+    def memory_report(self, optimizer=None):
+        return memory_report(self, optimizer)

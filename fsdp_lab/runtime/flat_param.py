@@ -1,0 +1,132 @@
+"""One unit's parameters flattened into one padded buffer, of which this rank keeps a 1/N chunk.
+
+[Note: flat buffers] Every parameter of a unit (of one requires_grad kind) is laid end to end in a single
+1-D buffer, padded with zeros so its length divides by the world size N. Rank r keeps elements
+[r*S, (r+1)*S) with S = padded/N as an `nn.Parameter` of its own: that shard is the fp32 master the optimizer
+sees, so AdamW's state is sharded with no special code. While a unit is unsharded, `full` holds the whole
+buffer (in the compute dtype) and the module's original attributes are views into it.
+
+[Note: freeing by storage resize] `full` is created once and kept for the life of the unit. Freeing resizes its
+storage to 0 bytes; gathering resizes it back and writes into it. Autograd's saved tensors are views of `full`,
+so after a re-gather in backward they see valid data again without being re-created. Writes go through
+`full.data`, whose version counter is separate, so autograd does not mistake a re-gather for an in-place edit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one original parameter lives in the flat buffer. `aliases` lists every (module, attribute,
+    qualified name) that referred to it: a tied weight has several aliases and one slot."""
+
+    aliases: tuple
+    shape: torch.Size
+    offset: int
+    numel: int
+
+    @property
+    def name(self) -> str:
+        return self.aliases[0][2]
+
+
+def padded_size(numel: int, world_size: int) -> int:
+    return math.ceil(numel / world_size) * world_size if numel else world_size
+
+
+class FlatParam:
+    """The flat buffer of one unit's trainable (or one unit's frozen) parameters."""
+
+    def __init__(self, unit_name: str, entries: list, world_size: int, rank: int, *, requires_grad: bool,
+                 compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool):
+        self.unit_name = unit_name
+        self.requires_grad = requires_grad
+        self.world_size, self.rank = world_size, rank
+        self.compute_dtype = compute_dtype
+        originals = [param for param, _aliases in entries]
+        device = originals[0].device
+        self.master_dtype = originals[0].dtype
+        offset, slots = 0, []
+        for param, aliases in entries:
+            slots.append(ParamSlot(tuple(aliases), param.shape, offset, param.numel()))
+            offset += param.numel()
+        self.slots: list[ParamSlot] = slots
+        self.numel = offset
+        self.padded_numel = padded_size(offset, world_size) if shard_storage or keep_replica else offset
+        self.shard_numel = self.padded_numel // world_size if (shard_storage or keep_replica) else offset
+        flat = torch.zeros(self.padded_numel, dtype=self.master_dtype, device=device)
+        with torch.no_grad():
+            for param, slot in zip(originals, slots):
+                flat[slot.offset:slot.offset + slot.numel].copy_(param.detach().reshape(-1))
+        start = rank * self.shard_numel
+        self.replica = None
+        if keep_replica:  # ZeRO-1: a replicated fp32 copy stays; the shard is a window onto it
+            self.replica = flat
+            self.shard = nn.Parameter(flat.data[start:start + self.shard_numel], requires_grad=requires_grad)
+        elif shard_storage:
+            self.shard = nn.Parameter(flat[start:start + self.shard_numel].clone(), requires_grad=requires_grad)
+        else:  # NO_SHARD: the "shard" is the whole replicated master
+            self.shard = nn.Parameter(flat, requires_grad=requires_grad)
+        self.full = self._make_full_tensor(flat, keep_replica, shard_storage)
+        self.persistent_full = self.full is self.shard or self.full is self.replica
+        if not self.persistent_full:
+            self.free_full()
+
+    def _make_full_tensor(self, flat, keep_replica, shard_storage) -> torch.Tensor:
+        same_dtype = self.compute_dtype == self.master_dtype
+        if not shard_storage and not keep_replica and same_dtype:
+            return self.shard
+        if keep_replica and same_dtype:
+            return self.replica.requires_grad_(self.requires_grad)
+        full = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=flat.device)
+        return full.requires_grad_(self.requires_grad)
+
+    # -- storage -------------------------------------------------------------------------------------------
+    @property
+    def full_bytes(self) -> int:
+        return self.padded_numel * self.full.element_size()
+
+    def is_full_allocated(self) -> bool:
+        return self.full.untyped_storage().size() > 0
+
+    def alloc_full(self) -> torch.Tensor:
+        """Give `full` its storage back and return a writable alias with its own version counter."""
+        storage = self.full.untyped_storage()
+        if storage.size() == 0:
+            storage.resize_(self.full_bytes)
+        return self.full.data
+
+    def free_full(self) -> None:
+        if not self.persistent_full:
+            self.full.untyped_storage().resize_(0)
+
+    # -- original parameters as views ----------------------------------------------------------------------
+    def views(self) -> list[torch.Tensor]:
+        """Views of `full` for each slot, tracked by autograd when grad is enabled (gradients flow to `full`)."""
+        sizes = [s.numel for s in self.slots]
+        if self.padded_numel > self.numel:
+            sizes.append(self.padded_numel - self.numel)
+        # One split (not one slice per parameter): backward then builds the flat gradient with a single cat.
+        return [part.view(s.shape) for part, s in zip(torch.split(self.full, sizes), self.slots)]
+
+    def install_views(self) -> None:
+        """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
+        if self.is_full_allocated():
+            views = self.views()
+        else:
+            views = [self.full.detach().new_empty(0)] * len(self.slots)
+        for slot, view in zip(self.slots, views):
+            for module, attr, _name in slot.aliases:
+                # A plain instance attribute (the name left module._parameters at wrap time); writing the
+                # instance dict skips nn.Module.__setattr__'s checks, which run for every parameter every step.
+                module.__dict__[attr] = view
+
+    def my_chunk(self, full_flat: torch.Tensor) -> torch.Tensor:
+        """This rank's chunk of a full flat buffer (a view)."""
+        start = self.rank * self.shard_numel
+        return full_flat[start:start + self.shard_numel]

@@ -1,0 +1,64 @@
+"""The runtime's own exact count of live bytes, by kind: the CPU stand-in for torch.cuda.memory_allocated.
+
+Storage is counted once however many views share it (a ZeRO-1 shard is a window onto its replica, a tied weight
+is one slot), so the totals are what the allocator really holds for FSDP's state.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+KINDS = ("params_sharded", "params_unsharded", "grads_sharded", "grads_unsharded", "optimizer_state")
+
+
+@dataclass(frozen=True)
+class MemoryBytes:
+    params_sharded: int = 0
+    params_unsharded: int = 0
+    grads_sharded: int = 0
+    grads_unsharded: int = 0
+    optimizer_state: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, k) for k in KINDS)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "total": self.total}
+
+
+class _Counter:
+    def __init__(self):
+        self.seen: set[int] = set()
+        self.bytes = dict.fromkeys(KINDS, 0)
+
+    def add(self, kind: str, tensor) -> None:
+        if tensor is None:
+            return
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in self.seen:
+            return
+        self.seen.add(storage.data_ptr())
+        self.bytes[kind] += storage.nbytes()
+
+
+def memory_report(model, optimizer=None) -> MemoryBytes:
+    counter = _Counter()
+    sharded = model.sharding_strategy.shards_params
+    for unit in model.units:
+        for flat in unit.flats:
+            counter.add("params_sharded" if sharded else "params_unsharded", flat.shard)
+            counter.add("params_unsharded", flat.replica)
+            counter.add("params_unsharded", flat.full)
+            counter.add("grads_sharded" if sharded else "grads_unsharded", flat.shard.grad)
+            counter.add("grads_unsharded", flat.replica_grad)
+            counter.add("grads_unsharded", flat.grad_stash)
+            if flat.full is not flat.shard:
+                counter.add("grads_unsharded", flat.full.grad)
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    counter.add("optimizer_state", value)
+    return MemoryBytes(**counter.bytes)

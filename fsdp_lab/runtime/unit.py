@@ -1,0 +1,270 @@
+"""One wrapped unit: its state machine and the hooks that drive the article's four beats.
+
+    forward:  gather (all-gather) → compute → free          (free only under FULL_SHARD)
+    backward: re-gather → compute gradients → reduce-scatter → free
+
+[Note: when a unit's backward is over] The unsharded trainable buffer `full` is an autograd leaf; every original
+parameter is a view of it. Autograd calls the leaf's post-accumulate-grad hook once per backward, after every use
+of the unit (also when it ran several forwards) has produced its gradient: that is when the gradient is complete,
+so that is when we reduce it and free the parameters. A unit with frozen parameters also waits until the
+gradients of its inputs exist (a pass-through autograd node on its inputs), since computing those still reads
+the frozen weights. If neither signal can fire, the root's end-of-backward callback frees the unit.
+
+[Note: overlap] A gather is issued (state GATHERING) and waited for (state UNSHARDED) in two separate places, so
+that prefetch can issue the next unit's gather while this one computes: forward_prefetch in pre_forward,
+BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced and it is freed. At most
+ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
+on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
+the memory rules); on CPU with gloo they run asynchronously in gloo's threads. Reductions are waited for at the
+latest by the root's end-of-backward callback.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from fsdp_lab.runtime.strategy import BackwardPrefetch
+from fsdp_lab.runtime.streams import gather_flat_param, label, reduce_flat_param
+
+
+class UnitState(enum.Enum):
+    SHARDED = "SHARDED"
+    """Only this rank's shard is live; the unsharded buffer has 0 bytes (or, for replicated strategies, must be
+    refreshed from the masters before the next compute)."""
+    GATHERING = "GATHERING"
+    """An all-gather into the unsharded buffer is in flight (prefetch); wait before computing."""
+    UNSHARDED = "UNSHARDED"
+    """The unit's full parameters are live and the module's attributes are views of them."""
+
+
+_TRANSITIONS = {
+    (UnitState.SHARDED, "gather"): UnitState.GATHERING,
+    (UnitState.GATHERING, "gathered"): UnitState.UNSHARDED,
+    (UnitState.UNSHARDED, "free"): UnitState.SHARDED,
+}
+
+
+class _InputsGradReady(torch.autograd.Function):
+    """Identity on a unit's inputs; its backward runs once the unit's whole backward is done."""
+
+    @staticmethod
+    def forward(ctx, unit, *tensors):
+        ctx.unit = unit
+        return tensors if len(tensors) > 1 else tensors[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.unit._on_inputs_grad_ready()
+        return (None, *grads)
+
+
+class Unit:
+    def __init__(self, name: str, module: torch.nn.Module, flats: list, ctx, is_root: bool):
+        self.name, self.module, self.flats, self.ctx, self.is_root = name, module, flats, ctx, is_root
+        self.state = UnitState.SHARDED
+        self._pending = []  # gathers in flight: PendingWork objects
+        self._backward_pending = False
+        self._reduced = False
+        self._reduced_groups = set()
+        self._inputs_marker = False
+        self._inputs_grad_ready = False
+        self._backward_started = False
+        for flat in self.trainable_flats:
+            flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
+        for flat in flats:
+            flat.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
+            flat.replica_grad = None  # ZeRO-1: the replicated, all-reduced fp32 gradient
+            flat.replica_version = flat.shard._version  # ZeRO-1: shard version the replica reflects
+        if any(g.persistent_full for g in flats):
+            for g in flats:
+                g.install_views()
+
+    @property
+    def trainable_flats(self):
+        return [g for g in self.flats if g.requires_grad]
+
+    @property
+    def frozen_flats(self):
+        return [g for g in self.flats if not g.requires_grad]
+
+    def full_storage_sizes(self) -> list[int]:
+        """Bytes of storage behind each flat's unsharded buffer: 0 once freed."""
+        return [g.full.untyped_storage().size() for g in self.flats]
+
+    def __repr__(self):
+        return f"Unit({self.name!r}, {self.state.name})"
+
+    # -- the state machine ---------------------------------------------------------------------------------
+    def _transition(self, event: str) -> None:
+        nxt = _TRANSITIONS.get((self.state, event))
+        if nxt is None:
+            raise RuntimeError(f"FSDP unit '{self.name}': event '{event}' is not allowed in state "
+                               f"{self.state.name}")
+        self.state = nxt
+
+    def gather(self, phase: str, wait: bool = True) -> None:
+        """Issue the all-gather of every flat (copy-in casts the fp32 shard to the compute dtype); with
+        wait=False (prefetch) the unit stays GATHERING until wait_gathered()."""
+        if self.state is not UnitState.SHARDED:
+            return
+        self._transition("gather")
+        event = "regather" if phase == "backward" else "gather"
+        self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait)
+        calls = []
+        with label(f"fsdp_lab::{event} {self.name}"):
+            for flat in self.flats:
+                work, comm = gather_flat_param(self.ctx, flat)
+                self._pending.append(work)
+                if comm is not None:
+                    calls.append(comm)
+        self._gather_comm = (event, phase, tuple(calls))
+        if wait:
+            self.wait_gathered()
+
+    def wait_gathered(self) -> None:
+        if self.state is not UnitState.GATHERING:
+            return
+        with self.ctx.streams.on_compute():
+            for work in self._pending:
+                work.wait()
+        self._pending.clear()
+        self._transition("gathered")
+        event, phase, calls = self._gather_comm
+        self.ctx.emit(f"{event}_end", self.name, phase, calls)
+
+    def ensure_unsharded(self, phase: str) -> None:
+        if self.state is UnitState.SHARDED:
+            self.gather(phase)
+        self.wait_gathered()
+
+    def free(self, phase: str) -> None:
+        if self.state is UnitState.GATHERING:
+            self.wait_gathered()
+        if self.state is not UnitState.UNSHARDED:
+            return
+        for flat in self.flats:
+            flat.free_full()
+        self._transition("free")
+        self.ctx.emit("free", self.name, phase)
+
+    # -- forward -------------------------------------------------------------------------------------------
+    def pre_forward(self, module, args, kwargs):
+        recompute = self.ctx.in_backward  # activation checkpointing re-runs forward inside backward
+        if self.is_root and not recompute:
+            self.ctx.streams.begin_forward()
+        self.ensure_unsharded("backward" if recompute else "forward")
+        if not recompute:
+            self.ctx.record_forward(self)
+            self._prefetch(self.ctx.neighbour(self, +1) if self.ctx.forward_prefetch else None, "forward")
+        for flat in self.flats:
+            flat.install_views()
+        self.ctx.emit("forward_start", self.name, "backward" if recompute else "forward")
+        if self.frozen_flats and torch.is_grad_enabled() and not recompute:
+            return self._mark_inputs(args, kwargs)
+        return None
+
+    def _mark_inputs(self, args, kwargs):
+        flat, spec = tree_flatten((args, kwargs))
+        idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+        self._inputs_marker = bool(idx)
+        if not idx:
+            return None
+        marked = _InputsGradReady.apply(self, *[flat[i] for i in idx])
+        marked = marked if isinstance(marked, tuple) else (marked,)
+        for i, t in zip(idx, marked):
+            flat[i] = t
+        return tree_unflatten(flat, spec)
+
+    def post_forward(self, module, args, output):
+        recompute = self.ctx.in_backward
+        self.ctx.emit("forward_end", self.name, "backward" if recompute else "forward")
+        if recompute:
+            return output
+        self.ctx.record_post_forward(self)
+        hooked = False
+        if torch.is_grad_enabled():
+            for t in tree_flatten(output)[0]:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(self._pre_backward_hook)
+                    hooked = True
+        if hooked:
+            self._backward_pending = True
+            self._reduced = self._inputs_grad_ready = self._backward_started = False
+            self._reduced_groups.clear()
+        if not hooked or (self.ctx.strategy.frees_after_forward and not self.is_root):
+            self.free("forward")
+        return output
+
+    # -- backward ------------------------------------------------------------------------------------------
+    def _pre_backward_hook(self, grad):
+        if not self._backward_pending:
+            raise RuntimeError(
+                f"FSDP unit '{self.name}': a second backward reached parameters that were freed and whose "
+                f"gradients were already reduce-scattered by the first backward. Run forward again before each "
+                f"backward (retain_graph=True cannot bring freed shards back).")
+        if self.ctx.on_backward_start is not None:
+            self.ctx.on_backward_start()
+        if not self._backward_started:
+            self._backward_started = True
+            self.ensure_unsharded("backward")
+            self.ctx.emit("backward_start", self.name, "backward")
+            if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
+                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+        return grad
+
+    def _prefetch(self, unit, phase):
+        if unit is None or unit.state is not UnitState.SHARDED:
+            return
+        if phase == "backward" and not unit._backward_pending:
+            return
+        in_flight = sum(1 for u in self.ctx.forward_order if u.state is UnitState.GATHERING)
+        if in_flight < self.ctx.max_gathers_in_flight:
+            unit.gather(phase, wait=False)
+
+    def _on_grad_ready(self, flat) -> None:
+        # Traced while the unsharded gradient is still alive: the article's second 2Φ_layer of M_peak.
+        self.ctx.emit("grad_ready", self.name, "backward")
+        grad, flat.full.grad = flat.full.grad, None
+        self._reduce(flat, grad)
+        self._reduced_groups.add(id(flat))
+        if len(self._reduced_groups) == len(self.trainable_flats):
+            self._reduced = True
+            self._maybe_finish_backward()  # free first: BACKWARD_POST trades overlap for a lower peak
+            if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
+                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+
+    def _on_inputs_grad_ready(self) -> None:
+        self._inputs_grad_ready = True
+        self._maybe_finish_backward()
+
+    def _maybe_finish_backward(self) -> None:
+        needs_reduce = bool(self.trainable_flats) and not self._reduced
+        needs_inputs = bool(self.frozen_flats) and self._inputs_marker and not self._inputs_grad_ready
+        if self._backward_pending and not needs_reduce and not needs_inputs:
+            self._backward_pending = False
+            self.free("backward")
+
+    def finish_backward(self) -> None:
+        """Root's end-of-backward duty: wait for every reduction, free whatever no hook could free (unused or
+        frozen-only units)."""
+        self.ctx.reduces.drain()
+        if self.state is not UnitState.SHARDED:
+            self.free("backward")
+        self._backward_pending = False
+
+    def _reduce(self, flat, grad) -> None:
+        ctx = self.ctx
+        if grad is None:
+            return
+        if not ctx.sync_gradients:  # no_sync(): keep the local gradient, communicate nothing
+            if flat.full is flat.shard:
+                flat.shard.grad = grad
+            else:
+                stash = flat.grad_stash
+                flat.grad_stash = grad.float() if stash is None else stash.add_(grad)
+            return
+        if flat.grad_stash is not None:
+            grad, flat.grad_stash = flat.grad_stash.add_(grad), None
+        reduce_flat_param(ctx, flat, grad, self.name)

@@ -1,0 +1,218 @@
+"""The article's formulas as pure, tested functions, with the article's symbols.
+
+Φ = `phi` (number of parameters), N = `n` (GPUs/ranks), Φ_layer = `phi_layer` (parameters of one wrapped unit).
+Memory is in BYTES; communication in ELEMENTS unless `dtype_bytes` is given. 1 GB = 1e9 bytes, as in the article
+(7B: 16Φ = 112 GB). Where a formula leaves something out, its `*_corrected` twin says what it adds.
+
+[Note: the 16Φ convention] The article counts in fp32: params 4Φ, grads 4Φ, Adam momentum + variance 8Φ. The
+ZeRO paper's mixed-precision convention (2Φ + 2Φ + 12Φ) also totals 16Φ for DDP but splits the stages
+differently; we follow the article. So does the runtime: fp32 master and gradient on the shard, AdamW state.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+GB = 10**9
+_COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch", "numel_padded_total",
+           "largest_unit_numel_padded")
+
+
+def _check(**values) -> None:
+    """Counts (n, gpus, layers...) must be positive integers, everything else a positive number
+    (`activation_bytes` may be 0); None means "not given". The error names the argument and the bad value."""
+    for name, v in values.items():
+        if v is None:
+            continue
+        if name in _COUNTS and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        zero_ok = name == "activation_bytes"
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+            raise ValueError(f"{name} must be a {'number >= 0' if zero_ok else 'positive number'}, got {v!r}")
+
+
+def _exact(x):
+    """Integral floats become ints so byte counts and ceilings stay exact (7e9 → 7000000000)."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
+def _ceil_div(a, b) -> int:
+    a, b = _exact(a), _exact(b)
+    return -(-a // b) if isinstance(a, int) and isinstance(b, int) else math.ceil(a / b)
+
+
+# -- 核心思想 / 分片机制 / 前反流程 ---------------------------------------------------------------------------
+def m_param(phi, n):
+    """M_param = 4Φ/N: fp32 parameter bytes each rank keeps once sharded (7B on 8 GPUs: 3.5 GB)."""
+    _check(phi=phi, n=n)
+    return 4 * phi / n
+
+
+def c_gather(phi_layer, n, dtype_bytes=None):
+    """C_gather = Φ_layer·(N−1)/N ≈ Φ_layer: what a rank fetches to assemble one unit (it holds 1/N already)."""
+    _check(phi_layer=phi_layer, n=n, dtype_bytes=dtype_bytes)
+    return phi_layer * (n - 1) / n * (dtype_bytes or 1)
+
+
+def c_step(phi, dtype_bytes=None):
+    """C_step = C_fwd + C_bwd + C_grad ≈ 3Φ (article): gather, re-gather, reduce-scatter, with (N−1)/N ≈ 1."""
+    _check(phi=phi, dtype_bytes=dtype_bytes)
+    return 3 * phi * (dtype_bytes or 1)
+
+
+def c_step_exact(phi, n, dtype_bytes=None):
+    """3Φ·(N−1)/N: what two ring all-gathers and one ring reduce-scatter really send per rank per step."""
+    _check(phi=phi, n=n, dtype_bytes=dtype_bytes)
+    return 3 * phi * (n - 1) / n * (dtype_bytes or 1)
+
+
+def c_ddp(phi, n, dtype_bytes=None):
+    """C_DDP = 2Φ·(N−1)/N: a ring all-reduce is a reduce-scatter plus an all-gather of the gradients."""
+    _check(phi=phi, n=n, dtype_bytes=dtype_bytes)
+    return 2 * phi * (n - 1) / n * (dtype_bytes or 1)
+
+
+def comm_ratio_fsdp_vs_ddp(n):
+    """C_step / C_DDP = 3Φ(N−1)/N ÷ 2Φ(N−1)/N = 1.5 for N ≥ 2 (quiz Q8). At N = 1 nothing is sent: we raise."""
+    _check(n=n)
+    if n == 1:
+        raise ValueError("the comm ratio needs n >= 2: with n=1 neither FSDP nor DDP communicates")
+    return c_step_exact(1, n) / c_ddp(1, n)
+
+
+# -- 混合精度 / ZeRO对比 / 工程实践 / 适用场景 ------------------------------------------------------------------
+def m_fsdp(phi, n, phi_layer):
+    """M_FSDP = 4Φ/N + 8Φ/N + 2Φ_layer (article): master shard, Adam shard, the unit's bf16 working copy.
+    Leaves out the fp32 gradient shard 4Φ/N: see m_fsdp_corrected."""
+    _check(phi=phi, n=n, phi_layer=phi_layer)
+    return 4 * phi / n + 8 * phi / n + 2 * phi_layer
+
+
+def m_ddp(phi):
+    """M_DDP = 4Φ + 4Φ + 8Φ = 16Φ: fp32 params, grads and Adam state, all of it on every GPU."""
+    _check(phi=phi)
+    return 16 * phi
+
+
+def m_zero1(phi, n):
+    """M_ZeRO-1 = 4Φ + 4Φ + 8Φ/N: only the Adam state is sharded."""
+    _check(phi=phi, n=n)
+    return 4 * phi + 4 * phi + 8 * phi / n
+
+
+def m_zero2(phi, n):
+    """M_ZeRO-2 = 4Φ + 12Φ/N: fp32 params replicated; grads (4Φ/N) and Adam state (8Φ/N) sharded. (torch's
+    SHARD_GRAD_OP also shards params between steps: runtime_state_bytes says what the runtime holds.)"""
+    _check(phi=phi, n=n)
+    return 4 * phi + 12 * phi / n
+
+
+def m_zero3(phi, n):
+    """M_ZeRO-3 = 16Φ/N: params, grads and Adam state all sharded (7B on 8 GPUs: 14 GB)."""
+    _check(phi=phi, n=n)
+    return 16 * phi / n
+
+
+def m_peak(phi, n, phi_layer):
+    """M_peak = 4Φ_layer + 12Φ/N (article): the unit's bf16 params + grads, master + Adam shards.
+    Leaves out the fp32 gradient shard 4Φ/N and the activations: see m_peak_corrected."""
+    _check(phi=phi, n=n, phi_layer=phi_layer)
+    return 4 * phi_layer + 12 * phi / n
+
+
+def n_min(phi, gpu_mem_bytes):
+    """N_min = ⌈16Φ / M_GPU⌉: fewest GPUs that hold the 16Φ state (7B, 80 GB: ⌈1.4⌉ = 2); no activations."""
+    _check(phi=phi, gpu_mem_bytes=gpu_mem_bytes)
+    return _ceil_div(16 * _exact(phi), gpu_mem_bytes)
+
+
+def m_fsdp_corrected(phi, n, phi_layer, activation_bytes=0, param_bytes=2):
+    """M_FSDP + what it leaves out = 16Φ/N + param_bytes·Φ_layer + activations: adds the sharded fp32 gradient
+    4Φ/N (alive from backward to the optimizer step) and activations; param_bytes generalises bf16's "2"."""
+    _check(phi=phi, n=n, phi_layer=phi_layer, param_bytes=param_bytes, activation_bytes=activation_bytes)
+    return 16 * phi / n + param_bytes * phi_layer + activation_bytes
+
+
+def m_peak_corrected(phi, n, phi_layer, activation_bytes=0, param_bytes=2, prefetch=False):
+    """M_peak + what it leaves out = 16Φ/N + param_bytes·Φ_layer·(2 if prefetch else 1) + param_bytes·Φ_layer
+    + activations: adds the sharded fp32 gradient 4Φ/N and activations. With prefetch the next unit is gathered
+    while the current one computes: two units' parameters are alive (the prefetched one has no gradient yet)."""
+    _check(phi=phi, n=n, phi_layer=phi_layer, param_bytes=param_bytes, activation_bytes=activation_bytes)
+    copies = 2 if prefetch else 1
+    return 16 * phi / n + param_bytes * phi_layer * copies + param_bytes * phi_layer + activation_bytes
+
+
+def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute=False):
+    """Bytes one transformer layer keeps for backward, 16-bit activations: s·b·h·(34 + 5·a·s/h).
+
+    Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1
+    (no tensor/sequence parallelism): 34sbh = attention 11 + MLP 19 + two layer norms 4 (1-byte dropout masks);
+    5as²b = attention scores, softmax, its dropout. Full recompute keeps only the layer input: 2·s·b·h."""
+    _check(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads)
+    s, b, h, a = seq_len, micro_batch, hidden, heads
+    if recompute:
+        return 2 * s * b * h
+    return 34 * s * b * h + 5 * a * s * s * b  # = s·b·h·(34 + 5as/h), exact in integers
+
+
+# -- what the fsdp_lab runtime holds and sends -----------------------------------------------------------------
+STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD")
+
+
+def _strategy(strategy, numel, n) -> str:
+    """Checks a runtime strategy (name or ShardingStrategy member) and the padded element count P."""
+    name = str(getattr(strategy, "name", strategy)).upper()
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of: {', '.join(STRATEGIES)}")
+    _check(n=n, numel_padded_total=numel)
+    if name != "NO_SHARD" and numel % n:
+        raise ValueError(f"{name}: numel_padded_total={numel} is not a multiple of n={n}; pad each unit to it")
+    return name
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Persistent bytes per rank between optimizer steps: fp32 master params, fp32 grads, AdamW state."""
+
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+def runtime_state_bytes(strategy, numel_padded_total, n) -> StateBytes:
+    """EXACT bytes per rank the runtime holds between steps (AdamW; fp32 masters and grads whatever the mixed
+    precision). P = sum over units of the flat numel padded to a multiple of n.
+    FULL_SHARD, SHARD_GRAD_OP: 4P/N, 4P/N, 8P/N. ZERO1: 4P, 4P, 8P/N. NO_SHARD: 4P, 4P, 8P (P unpadded)."""
+    s, p = _strategy(strategy, numel_padded_total, n), numel_padded_total
+    if s in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        return StateBytes(4 * p // n, 4 * p // n, 8 * p // n)
+    return StateBytes(4 * p, 4 * p, 8 * p // n if s == "ZERO1" else 8 * p)
+
+
+def unsharded_peak_bytes(largest_unit_numel_padded, param_bytes, prefetch) -> int:
+    """Gathered-parameter bytes alive at once: the largest unit in `param_bytes`, twice with prefetch."""
+    _check(largest_unit_numel_padded=largest_unit_numel_padded, param_bytes=param_bytes)
+    return largest_unit_numel_padded * param_bytes * (2 if prefetch else 1)
+
+
+def comm_bytes_per_step(strategy, numel_padded_total, n, param_bytes, reduce_bytes, *, master_bytes=4):
+    """Bytes SENT per rank per step.
+
+    [Note: ring convention] In a ring all-gather or reduce-scatter of P elements each rank sends N−1 chunks of
+    P/N: (N−1)/N·P. A ring all-reduce is both: 2·(N−1)/N·P. FULL_SHARD: gather (fwd) + re-gather (bwd) in
+    param_bytes + reduce-scatter in reduce_bytes. SHARD_GRAD_OP: one gather + one reduce-scatter. NO_SHARD:
+    all-reduce in reduce_bytes. ZERO1: all-reduce of grads in reduce_bytes + all-gather of the updated fp32
+    masters in `master_bytes` (replicas must stay identical, so they travel at full precision)."""
+    s, p = _strategy(strategy, numel_padded_total, n), numel_padded_total
+    _check(param_bytes=param_bytes, reduce_bytes=reduce_bytes, master_bytes=master_bytes)
+    if s == "NO_SHARD":  # P may be unpadded: ring chunks are then uneven and (N−1)/N·P is their mean
+        total = 2 * (n - 1) * p * reduce_bytes
+        return _exact(total // n if total % n == 0 else total / n)
+    gathers, gather_bytes, reduces = {"FULL_SHARD": (2, param_bytes, 1), "SHARD_GRAD_OP": (1, param_bytes, 1),
+                                      "ZERO1": (1, master_bytes, 2)}[s]
+    return _exact((n - 1) * (p // n) * (gathers * gather_bytes + reduces * reduce_bytes))

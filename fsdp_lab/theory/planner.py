@@ -1,0 +1,131 @@
+"""The GPU planner: per-GPU bytes for DDP and ZeRO-1/2/3, and how many GPUs a model needs once activations and
+an allocator reserve are counted. Built on the article's formulas in fsdp_lab.theory.formulas ."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+from fsdp_lab.theory.formulas import (GB, STRATEGIES, _ceil_div, _check, _exact, activation_bytes_per_layer, m_ddp,
+                                      m_zero1, m_zero2, m_zero3, n_min)
+
+STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
+_STAGE = {"DDP": "DDP", "NOSHARD": "DDP", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2", "SHARDGRADOP": "ZeRO-2",
+          "ZERO3": "ZeRO-3", "FULLSHARD": "ZeRO-3", "FSDP": "ZeRO-3"}
+_SPLIT = {"DDP": (0, 16), "ZeRO-1": (8, 8), "ZeRO-2": (12, 4), "ZeRO-3": (16, 0)}  # bytes/param: sharded, kept
+PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _stage(strategy) -> str:
+    key = str(getattr(strategy, "name", strategy)).upper().replace("-", "").replace("_", "")
+    if key not in _STAGE:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of: {', '.join(STAGES + STRATEGIES)}")
+    return _STAGE[key]
+
+
+def llama_like_shape(phi, layers=None, hidden=None, heads=None):
+    """Fills in a LLaMA-like (layers, hidden, heads) from Φ ≈ 12·layers·hidden², head size 128. With neither
+    given: hidden = 128·layers, layers a multiple of 8 from 16 up (7e9 → 32, 4096, 32; 13e9 → 40, 5120, 40)."""
+    if layers is None and hidden is None:
+        raw = (phi / (12 * 128**2)) ** (1 / 3)
+        layers = round(raw / 8) * 8 if raw >= 16 else max(1, round(raw))
+        hidden = 128 * layers
+    elif hidden is None:
+        hidden = max(128, round((phi / (12 * layers)) ** 0.5 / 128) * 128)
+    elif layers is None:
+        layers = max(1, round(phi / (12 * hidden**2)))
+    return layers, hidden, heads if heads is not None else max(1, hidden // 128)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-GPU bytes of each ZeRO stage for Φ on N GPUs, and how many GPUs the chosen stage needs.
+
+    `*_bytes`: the article's state (16Φ convention). A stage's peak adds one unit's working copies (params +
+    grads in the compute dtype, params twice with prefetch) and one micro-batch's activations, the same on every
+    GPU whatever the stage. n_min is the article's; n_min_with_activations leaves room for the peak;
+    n_min_with_reserve also keeps `reserve_fraction` of each card free (CUDA context, communication buffers,
+    allocator fragmentation). None: no number of GPUs is enough."""
+
+    params: int
+    gpus: int
+    gpu_mem_bytes: int
+    strategy: str
+    precision: str
+    seq_len: int
+    micro_batch: int
+    layers: int
+    hidden: int
+    heads: int
+    recompute: bool
+    prefetch: bool
+    reserve_fraction: float
+    assumptions: str
+    phi_layer: int
+    activation_bytes: int
+    working_bytes: int
+    ddp_bytes: int
+    zero1_bytes: int
+    zero2_bytes: int
+    zero3_bytes: int
+    n_min: int
+    n_min_with_activations: int | None
+    n_min_with_reserve: int | None
+
+    def __post_init__(self):
+        _check(**{k: getattr(self, k) for k in ("params", "gpus", "gpu_mem_bytes", "seq_len", "micro_batch",
+                                                  "layers", "hidden", "heads")})
+        if not 0 <= self.reserve_fraction < 1:
+            raise ValueError(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction!r}")
+
+    def state_bytes(self, stage) -> int:
+        return {"DDP": self.ddp_bytes, "ZeRO-1": self.zero1_bytes, "ZeRO-2": self.zero2_bytes,
+                "ZeRO-3": self.zero3_bytes}[_stage(stage)]
+
+    def peak_bytes(self, stage) -> int:
+        return self.state_bytes(stage) + self.working_bytes + self.activation_bytes
+
+    def fits(self, stage, with_activations=True) -> bool:
+        return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
+
+    def rows(self):
+        """(stage, state bytes, peak bytes, state fits, peak fits) per stage, DDP first."""
+        return tuple((s, self.state_bytes(s), self.peak_bytes(s), self.fits(s, False), self.fits(s)) for s in STAGES)
+
+
+def _gpus_needed(stage, phi, fixed_bytes, usable_bytes):
+    """Smallest N with sharded·Φ/N + kept·Φ + fixed ≤ usable; None when even N → ∞ is not enough."""
+    sharded, kept = _SPLIT[stage]
+    room = usable_bytes - kept * phi - fixed_bytes
+    if room < 0 or (room == 0 and sharded):
+        return None
+    return max(1, _ceil_div(sharded * phi, room)) if sharded else 1
+
+
+def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
+         layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2) -> Plan:
+    """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
+    name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
+    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape."""
+    given = {k for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
+    _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, layers=layers,
+           hidden=hidden, heads=heads)
+    stage = _stage(strategy)
+    if not (isinstance(reserve_fraction, Real) and 0 <= reserve_fraction < 1):
+        raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"unknown precision {precision!r}; expected one of: {', '.join(PRECISION_BYTES)}")
+    phi, mem = _exact(params), _exact(gpu_mem_gb * GB)
+    layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
+    derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
+    assumptions = (f"LLaMA-like shape derived from Φ≈12·layers·hidden² (head size 128): {', '.join(derived)}; "
+                   f"12·{layers}·{hidden}² = {12 * layers * hidden**2 / 1e9:.3g}e9 of Φ = {phi / 1e9:.3g}e9 sits in the blocks"
+                   if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
+    pb = PRECISION_BYTES[precision]
+    phi_layer = 12 * hidden**2
+    act = layers * activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute) * pb // 2
+    working = pb * phi_layer * (2 if prefetch else 1) + pb * phi_layer
+    state = [math.ceil(_exact(f)) for f in (m_ddp(phi), m_zero1(phi, gpus), m_zero2(phi, gpus), m_zero3(phi, gpus))]
+    return Plan(phi, gpus, mem, stage, precision, seq_len, micro_batch, layers, hidden, heads, bool(recompute),
+                bool(prefetch), reserve_fraction, assumptions, phi_layer, act, working, *state, n_min(phi, mem),
+                *(_gpus_needed(stage, phi, working + act, u) for u in (mem, mem * (1 - reserve_fraction))))
