@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# Installs fsdp-lab and what it needs. A machine with no torch gets the CPU build (torch==2.13.0), not the
-# multi-GB CUDA build that a bare `torch` requirement would pull; a machine that already has torch (a GPU lab
-# server, say) keeps its own.  Usage: scripts/install.sh [--test]
+# Installs fsdp-lab (editable) and what it needs into the Python that scripts/env.sh picks: the active virtual
+# environment or conda env, else the repository's .venv; see [Note: which python] and [Note: which torch] there.
+# Usage: scripts/install.sh [--test]   (--test adds the test tools)
 set -euo pipefail
+case "${1:-}" in
+  "" | --test) ;;
+  *) echo "usage: scripts/install.sh [--test]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
-if ! "$PY" -c "import torch" >/dev/null 2>&1; then
-  "$PY" -m pip install -q torch==2.13.0
-fi
-if [ "${1:-}" = "--test" ]; then
-  "$PY" -m pip install -q -e ".[test]"
-else
-  "$PY" -m pip install -q -e .
-fi
+. scripts/env.sh
+fsdp_lab_select_python || exit 1
+fsdp_lab_install "$@" || exit 1

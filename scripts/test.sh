@@ -2,9 +2,12 @@
 # Installs fsdp-lab with its test tools (and Chromium for the browser test) and runs the whole suite:
 # unit and multi-rank tests, every notebook under nbval, the browser test and the CPU benchmark smoke run.
 # pytest's exit code 5 ("no tests collected") is turned into a failure: an empty run must never pass.
+# Everything runs with the Python that scripts/env.sh picks (the active environment, else .venv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh --test || exit 1
+. scripts/env.sh
+fsdp_lab_select_python || exit 1
+fsdp_lab_install --test || exit 1
 # The browser test drives JupyterLab in Debian's Chromium; the CJK font only makes its screenshots legible.
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
@@ -12,7 +15,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-wqy-microhei >/dev/null 2>&1 \
     || echo "note: no CJK font installed; screenshots will show boxes for Chinese text"
 fi
-python3 -m pytest "$@"
+"$PY" -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "error: pytest collected no tests" >&2
