@@ -1,4 +1,6 @@
-"""Reading one bank file as YAML, strictly: duplicate keys are errors (PyYAML would keep the last one and
+"""The question bank on disk: `quizzes/NN-name.yaml` read strictly, checked, turned into Chapter objects.
+
+Reading one bank file as YAML, strictly: duplicate keys are errors (PyYAML would keep the last one and
 silently drop a whole option), `7e9` is a float (YAML 1.1 would make it a string), and a syntax error says
 which question and field it is in.
 

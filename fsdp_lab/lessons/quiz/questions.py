@@ -1,4 +1,6 @@
-"""Errors a learner or an author can act on: each one names the file, and for a question bank the question
+"""What a question is: the bank as frozen data, its `{placeholder}` text, its errors and its messages.
+
+Errors a learner or an author can act on: each one names the file, and for a question bank the question
 id and the field, so a typo in a 300-line YAML file is found in one look.
 
 The question bank as plain frozen data. Text fields keep their `{placeholders}` (option letters, `answer`,

@@ -1,4 +1,6 @@
-"""Scoring, as a pure function of (question, selection): no I/O, no state, so every front end and every
+"""A sitting of one chapter: the shown (shuffled) questions, the grade of each answer and its feedback.
+
+Scoring, as a pure function of (question, selection): no I/O, no state, so every front end and every
 test gets the same number.
 
 Single choice: 1 if the one right option is the selection, else 0.
