@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # One GPU session: the GPU checks, `fsdp-lab bench` at 369M and 1.3B (world size 1, NCCL) with a profiler trace
-# of one overlapped step, and a memory-only bench of two gloo ranks sharing the GPU. Everything lands in $OUT.
+# of one overlapped step, a memory-only bench of two gloo ranks sharing the GPU, and the course's GPU lifecycle
+# traces (scripts/record_gpu_traces.py). Everything lands in $OUT.
 #
 #   bash benchmarks/gpu_session.sh                 # on the H200, from the repo root (OUT defaults to ./gpu_out)
 #   bash benchmarks/gpu_session.sh --cpu-smoke     # the same steps on CPU, tiny presets (1-2 minutes; OUT
 #                                                  # defaults to $TMPDIR/fsdp_lab_gpu_smoke)
 #
 # Needs only python3 with torch (nothing pip-installed: PYTHONPATH=. is set here); pytest is optional. Each step
-# has its own timeout, cut to what is left of the session budget (BUDGET_S, default 400 s), so one hang cannot
-# eat the session. Files written (6; leave room for 2 more):
+# has its own timeout, cut to what is left of the session budget (BUDGET_S, default 540 s), so one hang cannot
+# eat the session. Files written (7; at most 8 files of at most 16 MiB come back from the device, checked last):
 #   log.txt               everything printed, with each step's command, exit code and duration
 #   gpu_checks.txt        PASS/FAIL per check (benchmarks/gpu_checks.py)
 #   bench_369m.json       last line of `fsdp-lab bench --device cuda --preset 369m`
 #   bench_1.3b.json       same at 1.3B
 #   overlap_trace.json.gz torch.profiler Chrome trace of one fsdp_lab step at 369M (+ lifecycle events, summary)
 #   gloo_mem.json         memory-only bench, 369M, 2 gloo ranks on one GPU
+#   gpu_traces.tar.gz     fsdp_lab/data/gpu_traces/ as recorded here (NCCL 1 rank, gloo 2 and 4 ranks), packed
 set -u
 cd "$(dirname "$0")/.."
 MODE=gpu
@@ -25,7 +27,7 @@ LOG="$OUT/log.txt"
 : > "$LOG"
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-BUDGET_S=${BUDGET_S:-400}
+BUDGET_S=${BUDGET_S:-540}
 T0=$(date +%s)
 FAILED=()
 
@@ -80,6 +82,16 @@ else
     --memory-only --json-out "$OUT/gloo_mem.json" --timeout 80
 fi
 
+# The lifecycle traces chapters 03 and 06 replay, packed into one archive (unpack it into fsdp_lab/data/).
+if [ "$MODE" = gpu ]; then
+  step gpu_traces 150 "$PY" scripts/record_gpu_traces.py --out "$OUT/gpu_traces" --timeout 60
+else
+  step gpu_traces 120 "$PY" scripts/record_gpu_traces.py --device cpu --smoke --out "$OUT/gpu_traces" --timeout 60
+fi
+if [ -d "$OUT/gpu_traces" ]; then
+  tar -czf "$OUT/gpu_traces.tar.gz" -C "$OUT" gpu_traces && rm -rf "$OUT/gpu_traces"
+fi
+
 # The same checks through pytest, if this machine has it and time is left (the plain script above is the record).
 if "$PY" -c "import pytest" >/dev/null 2>&1; then
   if [ "$MODE" = gpu ]; then
@@ -93,6 +105,11 @@ fi
 
 say "=== files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
+# What the device hands back: at most 8 plain files of at most 16 MiB, nothing in subfolders.
+n_files=$(find "$OUT" -mindepth 1 | wc -l)
+big=$(find "$OUT" -type f -size +16M -printf '%f ')
+[ "$n_files" -gt 8 ] && { say "=== too many results: $n_files entries in $OUT (at most 8 come back)"; FAILED+=("results(count $n_files)"); }
+[ -n "$big" ] && { say "=== results over 16 MiB (they would not come back): $big"; FAILED+=("results(size)"); }
 if [ "${#FAILED[@]}" -eq 0 ]; then
   say "=== gpu_session done in $(( $(date +%s) - T0 ))s: every step exited 0"
 else

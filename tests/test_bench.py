@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -130,7 +131,12 @@ def test_gpu_session_script_runs_in_cpu_smoke_mode(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = (tmp_path / "log.txt").read_text()
     assert "every step exited 0" in log, log[-3000:]
-    for name in ("gpu_checks.txt", "bench_369m.json", "bench_1.3b.json", "overlap_trace.json.gz", "gloo_mem.json"):
+    for name in ("gpu_checks.txt", "bench_369m.json", "bench_1.3b.json", "overlap_trace.json.gz", "gloo_mem.json",
+                 "gpu_traces.tar.gz"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "ALL PASS" in (tmp_path / "gpu_checks.txt").read_text()
-    assert len(list(tmp_path.iterdir())) <= 6, "at most 6 output files, so a remote run that returns 8 files has room for 2 more"
+    outputs = list(tmp_path.iterdir())
+    assert len(outputs) <= 8 and all(p.is_file() and p.stat().st_size <= 16 << 20 for p in outputs), outputs
+    with tarfile.open(tmp_path / "gpu_traces.tar.gz") as archive:
+        names = archive.getnames()
+    assert "gpu_traces/index.json" in names and any(n.endswith("/provenance.json") for n in names), names
