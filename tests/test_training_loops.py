@@ -41,6 +41,7 @@ def max_differences(got, want) -> tuple[float, float]:
 
 def check_matches(name, ranked, references) -> dict:
     world_size, results = ranked
+    assert not isinstance(results[name], str), f"{name} failed on {world_size} ranks:\n{results[name]}"
     loss_diff, param_diff = max_differences(results[name], references[name])
     print(f"{name} world {world_size}: max |loss difference| = {loss_diff:.3g}, "
           f"max |parameter difference| = {param_diff:.3g}")
@@ -101,7 +102,9 @@ def test_use_orig_params_sharded_checkpoint_resume(ranked, references):
 
 def test_manual_nested_wrap_equals_the_policy_wrap_bit_for_bit(ranked):
     """Nested FSDP instances become the units the policy would pick, so every number is identical."""
-    _world, results = ranked
+    world_size, results = ranked
+    for name in ("nested_wrap", "policy_wrap"):
+        assert not isinstance(results[name], str), f"{name} failed on {world_size} ranks:\n{results[name]}"
     nested, policy = results["nested_wrap"], results["policy_wrap"]
     assert nested[2]["units"] == policy[2]["units"]
     assert nested[0] == policy[0]
