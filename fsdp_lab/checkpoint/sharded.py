@@ -311,6 +311,7 @@ def full_state_dict(model) -> dict:
     """Collective: every rank must call it. Rank 0 gets the plain model's state dict (original names, fp32,
     on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time."""
     ctx = model._ctx
+    model._drop_abandoned_backward()  # a backward that raised half-way is over, not running
     if ctx.in_backward:
         raise RuntimeError("full_state_dict cannot run during backward")
     model._reshard_all("summon")
