@@ -125,16 +125,46 @@ def describe(model) -> list[dict]:
                         "numel": slot.numel} for slot in flat.slots]} for key, _unit, flat in flats(model)]
 
 
-def optimizer_keys(model, optimizer) -> list[tuple[torch.Tensor, str, object]]:
-    by_id = {id(flat.shard): (key, flat) for key, _unit, flat in flats(model)}
-    out = []
+def optimizer_members(model, optimizer) -> list[tuple[str, object, list[tuple[torch.Tensor, int, int]]]]:
+    """(key, flat, [(parameter, start in the shard, length), ...]) for each flat the optimizer updates. The
+    parameter is the flat shard itself, or with use_orig_params each original parameter, a view of its part of
+    the shard ([Note: original parameters] in fsdp_lab/runtime/flat_param.py): their states are laid side by side
+    into one shard-shaped tensor, so both modes save the same layout."""
+    owner = {}
+    for key, _unit, flat in flats(model):
+        owner[id(flat.shard)] = (key, flat, 0, flat.shard_numel)
+        for p, slot in zip(flat.orig_params or [], flat.slots):
+            owner[id(p)] = (key, flat, *flat.local_range(slot))
+    grouped: dict[str, tuple] = {}
     for pg in optimizer.param_groups:
         for p in pg["params"]:
-            if id(p) not in by_id:
+            if id(p) not in owner:
                 raise CheckpointError(f"the optimizer holds a tensor of shape {tuple(p.shape)} that is not one of "
-                                      f"this FSDP model's flat shards; build it from model.parameters()")
-            out.append((p, *by_id[id(p)]))
-    return out
+                                      f"this FSDP model's parameters; build it from model.parameters()")
+            key, flat, start, length = owner[id(p)]
+            grouped.setdefault(key, (flat, []))[1].append((p, start, length))
+    return [(key, flat, members) for key, (flat, members) in grouped.items()]
+
+
+def shard_shaped_state(optimizer, flat, members, name: str):
+    """One optimizer state of one flat: a shard-shaped tensor for a per-element state (exp_avg), else the value
+    itself (AdamW's step, equal for every member). None if no member has it (this rank holds none of it)."""
+    values = [(p, start, length, optimizer.state[p][name]) for p, start, length in members
+              if name in optimizer.state.get(p, {})]
+    if not values:
+        return None, False
+    for _p, _s, _n, value in values:
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"optimizer state '{name}' is a {type(value).__name__}; only tensors can be saved")
+    p0, _s, _n, first = values[0]
+    if first.shape != p0.shape:
+        return first, False
+    if p0 is flat.shard:
+        return first, True
+    out = torch.zeros(flat.shard_numel, dtype=first.dtype, device=first.device)
+    for _p, start, length, value in values:
+        out[start:start + length].copy_(value.detach())
+    return out, True
 
 
 def _on_rank0(fn: Callable, model):
@@ -170,14 +200,13 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
         state[f"buffer/{name}"] = buf.detach()
     optim_meta = None
     if optimizer is not None:
-        for p, key, flat in optimizer_keys(model, optimizer):
-            for name, value in optimizer.state.get(p, {}).items():
-                if not isinstance(value, torch.Tensor):
-                    raise CheckpointError(f"optimizer state '{name}' of {key} is a {type(value).__name__}; "
-                                          f"only tensors can be saved")
-                if value.shape == p.shape:
-                    value = save_target(value.detach(), flat, ctx, mesh)
-                state[f"optim/{key}/{name}"] = value
+        for key, flat, members in optimizer_members(model, optimizer):
+            names = dict.fromkeys(name for p, _s, _n in members for name in optimizer.state.get(p, {}))
+            for name in names:
+                value, per_element = shard_shaped_state(optimizer, flat, members, name)
+                if value is not None:
+                    state[f"optim/{key}/{name}"] = \
+                        save_target(value.detach(), flat, ctx, mesh) if per_element else value
         optim_meta = {"class": type(optimizer).__name__,
                       "param_groups": [{k: v for k, v in pg.items() if k != "params"}
                                        for pg in optimizer.param_groups]}
@@ -234,26 +263,31 @@ def load(model, optimizer, path: str | os.PathLike) -> dict:
         state[f"buffer/{name}"] = buf.data
     loaded_optim = []
     if optimizer is not None:
-        for p, key, flat in optimizer_keys(model, optimizer):
+        for key, flat, members in optimizer_members(model, optimizer):
             prefix = f"optim/{key}/"
-            entry = {}
+            entry = {}  # name -> (shard-shaped or scalar tensor, per element?)
             for full_key, md in saved.items():
                 if not full_key.startswith(prefix):
                     continue
                 if tuple(md.size) == (flat.numel,):
-                    entry[full_key[len(prefix):]] = target = torch.zeros_like(p.detach())
+                    target = torch.zeros(flat.shard_numel, dtype=md.properties.dtype, device=flat.shard.device)
                     state[full_key] = load_target(target, flat, ctx, mesh, is_param=False)
+                    entry[full_key[len(prefix):]] = (target, True)
                 else:
-                    entry[full_key[len(prefix):]] = state[full_key] = torch.zeros(
-                        tuple(md.size), dtype=md.properties.dtype)
-            loaded_optim.append((p, entry))
+                    state[full_key] = torch.zeros(tuple(md.size), dtype=md.properties.dtype)
+                    entry[full_key[len(prefix):]] = (state[full_key], False)
+            loaded_optim.append((flat, members, entry))
     try:
         dcp.load(state, storage_reader=reader, process_group=ctx.pg)
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"loading {step_dir} failed: {err}") from err
-    for p, entry in loaded_optim:
-        if entry:
-            optimizer.state[p] = entry
+    for flat, members, entry in loaded_optim:
+        for p, start, length in members if entry else ():
+            if p is flat.shard:
+                optimizer.state[p] = {name: value for name, (value, _) in entry.items()}
+            elif length:  # an original parameter this rank holds none of has no state (it never gets a grad)
+                optimizer.state[p] = {name: value[start:start + length].clone() if per_element else value.clone()
+                                      for name, (value, per_element) in entry.items()}
     if int(state["step"]) != meta["step"]:
         raise CheckpointError(f"{step_dir}: fsdp_lab.json says step {meta['step']}, the tensors say "
                               f"{int(state['step'])}")
@@ -277,6 +311,7 @@ def full_state_dict(model) -> dict:
     """Collective: every rank must call it. Rank 0 gets the plain model's state dict (original names, fp32,
     on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time."""
     ctx = model._ctx
+    model._drop_abandoned_backward()  # a backward that raised half-way is over, not running
     if ctx.in_backward:
         raise RuntimeError("full_state_dict cannot run during backward")
     model._reshard_all("summon")

@@ -17,11 +17,11 @@ from torch.utils._pytree import tree_map
 from fsdp_lab.runtime.flat_param import FlatParam
 from fsdp_lab.runtime.grad_norm import clip_grad_norm_
 from fsdp_lab.runtime.memory import memory_report
-from fsdp_lab.runtime.mixed_precision import MixedPrecision, compute_dtype, reduce_dtype
+from fsdp_lab.runtime.mixed_precision import MixedPrecision, coerce_mixed_precision, compute_dtype, reduce_dtype
 from fsdp_lab.runtime.partition import partition_params
 from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
-from fsdp_lab.runtime.summon import summon_full_params
+from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params, summon_full_params
 from fsdp_lab.runtime.unit import Unit, UnitState
 from fsdp_lab.runtime.wrap import select_units
 
@@ -74,9 +74,10 @@ class FSDP(nn.Module):
                  limit_all_gathers: bool = True, use_orig_params: bool = False, ignored_states=None,
                  device_mesh=None):
         super().__init__()
-        for option, value in (("cpu_offload", cpu_offload), ("ignored_modules", ignored_modules),
-                              ("param_init_fn", param_init_fn), ("ignored_states", ignored_states),
-                              ("device_mesh", device_mesh)):
+        if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
+            raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
+        for option, value in (("ignored_modules", ignored_modules), ("param_init_fn", param_init_fn),
+                              ("ignored_states", ignored_states), ("device_mesh", device_mesh)):
             if value is not None:
                 raise ValueError(f"FSDP option {option}={value!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
@@ -85,12 +86,13 @@ class FSDP(nn.Module):
         strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
                                "sharding_strategy")
         prefetch = coerce_enum(backward_prefetch, BackwardPrefetch, "backward_prefetch")
-        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-            if all(hasattr(mixed_precision, a) for a in ("param_dtype", "reduce_dtype")):
-                mixed_precision = MixedPrecision(mixed_precision.param_dtype, mixed_precision.reduce_dtype,
-                                                 getattr(mixed_precision, "buffer_dtype", None))
-            else:
-                raise ValueError(f"mixed_precision must be a MixedPrecision, got {mixed_precision!r}")
+        mixed_precision = coerce_mixed_precision(mixed_precision, module)
+        self._settings = {"process_group": tuple(dist.get_process_group_ranks(pg)), "sharding_strategy": strategy,
+                          "mixed_precision": mixed_precision, "backward_prefetch": prefetch,
+                          "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
+                          "use_orig_params": bool(use_orig_params)}
+        self._nested_into = None  # the outer FSDP, once one has taken this one's units over
+        nested_units = self._take_over_nested(module)
         device = _resolve_device(module, device_id, dist.get_backend(pg))
         masters = {p.dtype for p in module.parameters()}
         if masters - {torch.float32}:
@@ -106,6 +108,7 @@ class FSDP(nn.Module):
                     if buf is not None and buf.is_floating_point():
                         buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
         self._fsdp_wrapped_module = module
+        self._use_orig_params = bool(use_orig_params)
         self._ctx = FSDPState(
             pg=pg, world_size=dist.get_world_size(pg), rank=dist.get_rank(pg), strategy=strategy,
             mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, torch.float32),
@@ -113,12 +116,55 @@ class FSDP(nn.Module):
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             max_gathers_in_flight=2 if limit_all_gathers else 1 << 30,
             on_backward_start=self._on_backward_start)
-        self._units = self._build_units(module, auto_wrap_policy)
+        self._units = self._build_units(module, auto_wrap_policy, nested_units)
 
-    def _build_units(self, module, policy) -> list[Unit]:
+    def _take_over_nested(self, module: nn.Module) -> list[nn.Module]:
+        """[Note: nested FSDP] FSDP1 scripts often wrap by hand: FSDP(Net(blocks=[FSDP(b) for b in blocks])).
+        Each FSDP found inside `module` is taken apart: its module gets its original parameters back (gathered
+        from the shards), its hooks are removed, it takes the FSDP's place in the tree, and every unit it had
+        becomes a unit of this model, exactly as if the policy had picked it. Its options must equal ours:
+        this runtime has one set of options per model, so a different one would be silently ignored."""
+        found = []
+
+        def visit(parent: nn.Module):
+            for name, child in parent._modules.items():
+                if isinstance(child, FSDP):
+                    found.append((parent, name, child))  # it already took over the FSDPs inside it
+                elif child is not None:
+                    visit(child)
+
+        visit(module)
+        unit_modules = []
+        for parent, name, inner in found:
+            for option, ours in self._settings.items():
+                theirs = inner._settings[option]
+                if theirs != ours:
+                    raise ValueError(f"nested FSDP '{name}' has {option}={theirs!r} but the outer FSDP has "
+                                     f"{ours!r}: fsdp_lab applies one set of options to a whole model; pass the "
+                                     f"same to both, or wrap once with an auto_wrap_policy")
+            unit_modules.extend(inner._hand_over_units(self))
+            parent._modules[name] = inner.module
+        return unit_modules
+
+    def _hand_over_units(self, outer: "FSDP") -> list[nn.Module]:
+        """Give every unit's original parameters back and unhook it; return the unit modules, innermost first."""
+        if self._ctx.in_backward:
+            raise RuntimeError("an FSDP cannot be nested into another while its backward is running")
+        self._reshard_all("summon")
+        for unit in self._units:
+            for handle in unit.hook_handles:
+                handle.remove()
+            for flat in unit.flats:
+                full = gather_master(unit, flat).detach().clone()
+                register_full_params(unit, flat, full)
+        modules = [unit.module for unit in self._units]
+        self._units, self._nested_into = [], outer
+        return modules
+
+    def _build_units(self, module, policy, nested_units=()) -> list[Unit]:
         ctx = self._ctx
         units = []
-        for info in partition_params(module, select_units(module, policy)):
+        for info in partition_params(module, select_units(module, policy, nested_units)):
             flats = []
             for params, trainable in ((info.trainable, True), (info.frozen, False)):
                 if not params:
@@ -131,19 +177,25 @@ class FSDP(nn.Module):
                 for owner, attr, _q in aliases:
                     owner._parameters.pop(attr, None)
             for flat in flats:
-                suffix = "" if flat.requires_grad else "_frozen"
-                info.module.register_parameter(f"_fsdp_flat_param{suffix}", flat.shard)
+                if self._use_orig_params:  # [Note: original parameters] in flat_param.py
+                    for slot, param in zip(flat.slots, flat.make_orig_params()):
+                        for owner, attr, _q in slot.aliases:
+                            owner._parameters[attr] = param
+                else:
+                    info.module.register_parameter(flat_param_name(flat), flat.shard)
             unit = Unit(info.name or "<root>", info.module, flats, ctx, is_root=info.module is module)
-            info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True)
-            info.module.register_forward_hook(unit.post_forward)
+            unit.hook_handles = [info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True),
+                                 info.module.register_forward_hook(unit.post_forward)]
             units.append(unit)
         return units
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
         ctx = self._ctx
-        if ctx.in_backward:
-            raise RuntimeError("FSDP forward called while a backward is still running")
+        if self._nested_into is not None:
+            raise RuntimeError("this FSDP was nested into another FSDP, which now runs its units: call the outer "
+                               "one")
+        self._drop_abandoned_backward()
         policy = ctx.mixed_precision
         if policy is not None and policy.param_dtype is not None and policy.cast_forward_inputs:
             def cast(t):
@@ -155,8 +207,25 @@ class FSDP(nn.Module):
         if ctx.forward_order:
             ctx.order_frozen = True
         if not torch.is_grad_enabled() or not self.training:
-            self._reshard_all("forward")
+            self._reshard_all("forward")  # an earlier forward's backward stays pending: it re-gathers
         return output
+
+    def _drop_abandoned_backward(self) -> None:
+        """[Note: per-iteration state is reset at the root's pre-forward] A backward that raised half-way (an
+        OOM caught by the loop) never reaches the end-of-backward callback: autograd drops queued callbacks on
+        error. Its units stay unsharded and its flags say "in backward". If no backward is running now, the next
+        forward frees those units, lets in-flight reductions finish without storing them, drops gradients
+        stashed by no_sync, and starts clean. The gradients already stored on the shards stay, as partial
+        gradients stay in .grad in one process: the loop zeroes them (optimizer.zero_grad()) before retrying."""
+        ctx = self._ctx
+        if not ctx.in_backward:
+            return
+        if torch._C._current_graph_task_id() != -1:
+            raise RuntimeError("FSDP forward called while a backward is still running")
+        ctx.reduces.discard()
+        for unit in self._units:
+            unit.reset_abandoned_backward()
+        ctx.in_backward = ctx.final_callback_queued = False
 
     def _on_backward_start(self) -> None:
         ctx = self._ctx
@@ -170,6 +239,9 @@ class FSDP(nn.Module):
         try:
             for unit in self._units:
                 unit.finish_backward()
+                for flat in unit.trainable_flats:
+                    if flat.orig_params is not None:
+                        flat.shard_grad_to_orig()
             stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
             if stuck:
                 raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
@@ -181,9 +253,9 @@ class FSDP(nn.Module):
             ctx.final_callback_queued = False
 
     def _reshard_all(self, phase: str) -> None:
+        """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""
         for unit in self._units:
             unit.free(phase)
-            unit._backward_pending = False
 
     # -- torch-compatible helpers ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -201,8 +273,10 @@ class FSDP(nn.Module):
                            with_grads: bool = False, recurse: bool = True):
         if not isinstance(module, FSDP):
             raise TypeError(f"summon_full_params expects an fsdp_lab.FSDP model, got {type(module).__name__}")
-        if rank0_only or with_grads:
-            raise ValueError("summon_full_params: rank0_only and with_grads are not supported by fsdp_lab")
+        for option, value, supported in (("rank0_only", rank0_only, False), ("with_grads", with_grads, False),
+                                         ("recurse", recurse, True)):
+            if value != supported:
+                raise ValueError(f"summon_full_params option {option}={value!r} is not supported by fsdp_lab")
         return summon_full_params(module, writeback=writeback)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:

@@ -39,7 +39,8 @@ class PendingWork:
     def __init__(self, work=None, finish=None, event=None, keep=()):
         self._work, self._finish, self._event, self._keep, self.done = work, finish, event, keep, False
 
-    def wait(self):
+    def wait(self, copy_out: bool = True):
+        """copy_out=False: let the collective finish but keep no result (an abandoned backward's reduction)."""
         if self.done:
             return None
         if self._work is not None:
@@ -48,7 +49,7 @@ class PendingWork:
             self._event.wait()  # the current stream waits for the side stream; the host does not block
         self.done = True
         self._work, self._event, self._keep = None, None, ()
-        if self._finish is not None:
+        if self._finish is not None and copy_out:
             return self._finish()
         return None
 

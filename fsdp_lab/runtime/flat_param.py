@@ -64,6 +64,8 @@ class FlatParam:
             for param, slot in zip(originals, slots):
                 flat[slot.offset:slot.offset + slot.numel].copy_(param.detach().reshape(-1))
         start = rank * self.shard_numel
+        self.shard_offset = start if (shard_storage or keep_replica) else 0  # where the shard starts in `flat`
+        self.orig_params = None  # use_orig_params: one Parameter per slot ([Note: original parameters])
         self.replica = None
         if keep_replica:  # ZeRO-1: a replicated fp32 copy stays; the shard is a window onto it
             self.replica = flat
@@ -130,3 +132,55 @@ class FlatParam:
         """This rank's chunk of a full flat buffer (a view)."""
         start = self.rank * self.shard_numel
         return full_flat[start:start + self.shard_numel]
+
+    # -- use_orig_params -----------------------------------------------------------------------------------
+    # [Note: original parameters] With use_orig_params=True every original parameter stays registered under its
+    # own name as an nn.Parameter that is a 1-D view of this rank's part of the shard (empty when the rank
+    # holds none of it), as in torch FSDP1. The optimizer updates those views, so it updates the shard; the
+    # views share the shard's version counter (a view of shard.detach()). Their .grad are views of shard.grad,
+    # pointed there at the end of each backward; before a unit's next backward whatever the optimizer or the
+    # user did to them (set_to_none, zero_, a new tensor) is folded back into shard.grad. During forward the
+    # module's attribute is the unsharded view instead (an instance attribute, which shadows the registered
+    # parameter, see install_views).
+    def local_range(self, slot: ParamSlot) -> tuple[int, int]:
+        """(start in this rank's shard, length) of `slot`'s elements that this rank holds; length may be 0."""
+        lo = max(slot.offset, self.shard_offset)
+        hi = min(slot.offset + slot.numel, self.shard_offset + self.shard_numel)
+        start = min(max(lo - self.shard_offset, 0), self.shard_numel)
+        return start, max(0, hi - lo)
+
+    def make_orig_params(self) -> list[nn.Parameter]:
+        base = self.shard.detach()
+        self.orig_params = [nn.Parameter(base[start:start + length], requires_grad=self.requires_grad)
+                            for start, length in map(self.local_range, self.slots)]
+        return self.orig_params
+
+    def orig_grads_to_shard(self) -> None:
+        """Fold the original parameters' .grad into shard.grad before a backward adds to it."""
+        held = [(p, self.local_range(slot)) for p, slot in zip(self.orig_params, self.slots)
+                if self.local_range(slot)[1] > 0]
+        if all(p.grad is None for p, _ in held):
+            self.shard.grad = None
+            return
+        with torch.no_grad():
+            if self.shard.grad is None:
+                self.shard.grad = torch.zeros_like(self.shard)
+            for p, (start, length) in held:
+                target = self.shard.grad[start:start + length]
+                if p.grad is None:
+                    target.zero_()
+                elif p.grad.data_ptr() != target.data_ptr():
+                    target.copy_(p.grad)
+
+    def shard_grad_to_orig(self) -> None:
+        """Point every original parameter's .grad at its part of shard.grad (None where this rank holds none)."""
+        grad = self.shard.grad
+        for p, slot in zip(self.orig_params, self.slots):
+            start, length = self.local_range(slot)
+            p.grad = None if grad is None or length == 0 else grad[start:start + length]
+
+    def uninstall_views(self) -> None:
+        """Drop the unsharded views from the modules, so the attribute is the registered original parameter."""
+        for slot in self.slots:
+            for module, attr, _name in slot.aliases:
+                module.__dict__.pop(attr, None)

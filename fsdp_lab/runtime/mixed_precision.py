@@ -37,3 +37,22 @@ def reduce_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) ->
     if policy and policy.reduce_dtype:
         return policy.reduce_dtype
     return compute_dtype(policy, master_dtype)
+
+
+def coerce_mixed_precision(policy, module) -> Optional[MixedPrecision]:
+    """Accept ours or torch's FSDP1 MixedPrecision. A torch field this runtime would not honour raises a
+    ValueError naming it rather than being dropped."""
+    if policy is None or isinstance(policy, MixedPrecision):
+        return policy
+    if not all(hasattr(policy, a) for a in ("param_dtype", "reduce_dtype")):
+        raise ValueError(f"mixed_precision must be a MixedPrecision, got {policy!r}")
+    if getattr(policy, "keep_low_precision_grads", False):
+        raise ValueError("MixedPrecision option keep_low_precision_grads=True is not supported by fsdp_lab: "
+                         "gradients are always stored in fp32 on the shard")
+    ignored = tuple(getattr(policy, "_module_classes_to_ignore", ()) or ())
+    kept_fp32 = sorted({type(m).__name__ for m in module.modules() if ignored and isinstance(m, ignored)})
+    if kept_fp32 and policy.param_dtype is not None:
+        raise ValueError(f"MixedPrecision._module_classes_to_ignore would keep {kept_fp32} in fp32, which "
+                         f"fsdp_lab does not support: every unit computes in param_dtype")
+    cast = bool(getattr(policy, "cast_root_forward_inputs", True) or getattr(policy, "cast_forward_inputs", False))
+    return MixedPrecision(policy.param_dtype, policy.reduce_dtype, getattr(policy, "buffer_dtype", None), cast)

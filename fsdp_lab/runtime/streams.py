@@ -129,6 +129,12 @@ class ReduceQueue:
             while self._pending:
                 self._pending.popleft().wait()
 
+    def discard(self) -> None:
+        """An abandoned backward's reductions: every rank issued them, so let them finish, but store nothing."""
+        with self.streams.on_compute():
+            while self._pending:
+                self._pending.popleft().wait(copy_out=False)
+
 
 def gather_flat_param(ctx, flat) -> tuple[PendingWork, Optional[Collective]]:
     """Issue one flat's gather into its unsharded buffer; the result is usable once the returned work is

@@ -16,7 +16,8 @@ from fsdp_lab.runtime.strategy import ShardingStrategy
 from fsdp_lab.runtime.unit import UnitState
 
 
-def _gather_master(unit, flat) -> torch.Tensor:
+def gather_master(unit, flat) -> torch.Tensor:
+    """The whole padded fp32 master of one flat, on every rank (collective)."""
     ctx = unit.ctx
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return flat.shard.data
@@ -26,41 +27,58 @@ def _gather_master(unit, flat) -> torch.Tensor:
     return full
 
 
+def flat_param_name(flat) -> str:
+    """The name a flat shard is registered under on its unit's module (use_orig_params=False)."""
+    return "_fsdp_flat_param" + ("" if flat.requires_grad else "_frozen")
+
+
+def register_full_params(unit, flat, full: torch.Tensor) -> list[tuple]:
+    """Make every original attribute of `flat` a real nn.Parameter again, a view of `full`, and unregister what
+    stood in for them (the flat shard, or the sharded original parameters). Returns what to put back."""
+    replaced = [(unit.module, flat_param_name(flat), unit.module._parameters.pop(flat_param_name(flat), None))]
+    for slot in flat.slots:
+        param = nn.Parameter(full[slot.offset:slot.offset + slot.numel].view(slot.shape),
+                             requires_grad=flat.requires_grad)
+        for owner, attr, _q in slot.aliases:
+            owner.__dict__.pop(attr, None)  # an unsharded view installed by the last forward
+            replaced.append((owner, attr, owner._parameters.get(attr)))
+            owner._parameters[attr] = param
+    return replaced
+
+
+def put_back(replaced: list[tuple]) -> None:
+    """Undo register_full_params."""
+    for owner, attr, previous in reversed(replaced):
+        if previous is None:
+            owner._parameters.pop(attr, None)
+        else:
+            owner._parameters[attr] = previous
+
+
 @contextlib.contextmanager
 def summon_full_params(model, writeback: bool = True):
     """`model` is an FSDP root; FSDP.summon_full_params checks that before calling here."""
     ctx = model._ctx
+    model._drop_abandoned_backward()
     if ctx.in_backward:
         raise RuntimeError("summon_full_params cannot be used during backward")
     model._reshard_all("summon")
-    restored = []  # (unit, flat, full fp32, registered names)
+    restored = []  # (unit, flat, full fp32, what to put back)
     try:
         for unit in model.units:
             for flat in unit.flats:
-                full = _gather_master(unit, flat)
-                flat_name = "_fsdp_flat_param" + ("" if flat.requires_grad else "_frozen")
-                unit.module._parameters.pop(flat_name, None)
-                registered = []
-                for slot in flat.slots:
-                    view = full[slot.offset:slot.offset + slot.numel].view(slot.shape)
-                    param = nn.Parameter(view, requires_grad=flat.requires_grad)
-                    for owner, attr, _q in slot.aliases:
-                        if hasattr(owner, attr) and attr not in owner._parameters:
-                            delattr(owner, attr)
-                        owner.register_parameter(attr, param)
-                        registered.append((owner, attr))
-                restored.append((unit, flat, full, registered, flat_name))
+                full = gather_master(unit, flat)
+                restored.append((unit, flat, full, register_full_params(unit, flat, full)))
         yield model
     finally:
         with torch.no_grad():
-            for unit, flat, full, registered, flat_name in restored:
-                for owner, attr in registered:
-                    owner._parameters.pop(attr, None)
+            for unit, flat, full, replaced in restored:
+                put_back(replaced)
                 if writeback and ctx.strategy is not ShardingStrategy.NO_SHARD:
                     flat.shard.data.copy_(flat.my_chunk(full))
                     if flat.replica is not None:
                         flat.replica.data.copy_(full)
-                unit.module.register_parameter(flat_name, flat.shard)
-                flat.install_views()
+                if flat.orig_params is None or flat.persistent_full:
+                    flat.install_views()  # with use_orig_params a freed unit's attribute is the registered view
                 if unit.state is not UnitState.SHARDED:
                     unit.free("summon")

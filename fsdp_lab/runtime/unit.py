@@ -71,6 +71,7 @@ class Unit:
         self._inputs_marker = False
         self._inputs_grad_ready = False
         self._backward_started = False
+        self.hook_handles = []  # the module's forward hooks, removed if an outer FSDP takes this unit over
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
@@ -146,6 +147,8 @@ class Unit:
             return
         for flat in self.flats:
             flat.free_full()
+            if flat.orig_params is not None and not flat.persistent_full:
+                flat.uninstall_views()
         self._transition("free")
         self.ctx.emit("free", self.name, phase)
 
@@ -208,6 +211,9 @@ class Unit:
             self.ctx.on_backward_start()
         if not self._backward_started:
             self._backward_started = True
+            for flat in self.trainable_flats:
+                if flat.orig_params is not None:
+                    flat.orig_grads_to_shard()
             self.ensure_unsharded("backward")
             self.ctx.emit("backward_start", self.name, "backward")
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
@@ -253,6 +259,18 @@ class Unit:
         if self.state is not UnitState.SHARDED:
             self.free("backward")
         self._backward_pending = False
+
+    def reset_abandoned_backward(self) -> None:
+        """Forget a backward that raised half-way ([Note: per-iteration state is reset at the root's
+        pre-forward] in api.py): free the parameters, drop the half-built gradients, clear the flags."""
+        self.free("reset")
+        for flat in self.trainable_flats:
+            flat.grad_stash = None
+            if flat.full is not flat.shard:
+                flat.full.grad = None
+        self._backward_pending = self._backward_started = False
+        self._reduced = self._inputs_grad_ready = False
+        self._reduced_groups.clear()
 
     def _reduce(self, flat, grad) -> None:
         ctx = self.ctx

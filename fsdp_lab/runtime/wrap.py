@@ -6,7 +6,9 @@ counts the parameters in that module's subtree not already claimed by a wrapped 
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import functools
+from collections import Counter
+from typing import Callable, Iterable, Optional
 
 from torch import nn
 
@@ -31,7 +33,29 @@ class ModuleWrapPolicy:
 def transformer_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int,
                                  transformer_layer_cls=()) -> bool:
     """Use with functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})."""
+    if not transformer_layer_cls:
+        raise ValueError(_missing_layer_cls_message(None))
     return True if recurse else isinstance(module, tuple(transformer_layer_cls))
+
+
+def _likely_layer_class(root: Optional[nn.Module]) -> str:
+    """The class that repeats most inside the model's ModuleLists/Sequentials: usually the transformer block."""
+    counts = Counter(type(child).__name__ for m in (root.modules() if root is not None else ())
+                     if isinstance(m, (nn.ModuleList, nn.Sequential)) for child in m.children())
+    return counts.most_common(1)[0][0] if counts else "YourBlock"
+
+
+def _missing_layer_cls_message(root: Optional[nn.Module]) -> str:
+    block = _likely_layer_class(root)
+    return (f"transformer_auto_wrap_policy needs the layer class to wrap; it cannot be passed bare. Write "
+            f"auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={{{block}}})")
+
+
+def _is_bare_transformer_policy(policy) -> bool:
+    """transformer_auto_wrap_policy (ours or torch's) passed without a transformer_layer_cls."""
+    func, keywords = (policy.func, policy.keywords) if isinstance(policy, functools.partial) else (policy, {})
+    return getattr(func, "__name__", None) == "transformer_auto_wrap_policy" and \
+        not keywords.get("transformer_layer_cls")
 
 
 def size_based_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int,
@@ -45,7 +69,9 @@ def size_based_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_num
     return nonwrapped_numel >= min_num_params and not isinstance(module, exclude)
 
 
-def _as_callable(policy) -> Callable:
+def _as_callable(policy, root: Optional[nn.Module] = None) -> Callable:
+    if _is_bare_transformer_policy(policy):
+        raise ValueError(_missing_layer_cls_message(root))
     if policy is None:
         return lambda module, recurse, nonwrapped_numel: recurse
     if callable(policy):
@@ -55,20 +81,24 @@ def _as_callable(policy) -> Callable:
                      f"transformer_auto_wrap_policy or size_based_auto_wrap_policy")
 
 
-def select_units(root: nn.Module, policy) -> list[tuple[str, nn.Module]]:
-    """Submodules (qualified name, module) the policy wraps, innermost first; the root is not included."""
-    decide = _as_callable(policy)
+def select_units(root: nn.Module, policy, forced: Iterable[nn.Module] = ()) -> list[tuple[str, nn.Module]]:
+    """Submodules (qualified name, module) the policy wraps, innermost first; the root is not included.
+    `forced` modules are units whatever the policy says (the units of FSDP instances nested in `root`)."""
+    decide = _as_callable(policy, root)
+    forced_ids = {id(m) for m in forced}
     chosen: list[tuple[str, nn.Module]] = []
 
     def visit(name: str, module: nn.Module) -> int:
         """Returns the number of parameters under `module` that no wrapped descendant has claimed."""
         own = sum(p.numel() for p in module.parameters(recurse=False))
-        if not decide(module=module, recurse=True, nonwrapped_numel=own):
+        holds_forced = bool(forced_ids) and any(id(m) in forced_ids for m in module.modules())
+        if not holds_forced and not decide(module=module, recurse=True, nonwrapped_numel=own):
             return sum(p.numel() for p in module.parameters())
         free = own
         for child_name, child in module.named_children():
             free += visit(f"{name}.{child_name}" if name else child_name, child)
-        if module is not root and decide(module=module, recurse=False, nonwrapped_numel=free):
+        if module is not root and (id(module) in forced_ids
+                                   or decide(module=module, recurse=False, nonwrapped_numel=free)):
             chosen.append((name, module))
             return 0
         return free

@@ -1,0 +1,134 @@
+"""Everyday training-loop patterns on 2 and 3 gloo ranks, each against the same loop in one process: eval mode for
+the whole run, an evaluation forward under no_grad before a backward, inference_mode before training, a backward
+that raises half-way and is caught, FSDP1's manual nested wrap, and use_orig_params=True with optimizer groups by
+name (and clip_grad_norm_, summon_full_params, a sharded checkpoint and resume) under every strategy.
+
+One process group per world size runs every pattern (spawning ranks is the slow part on a 2-core machine).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from ranks_loops import PATTERNS, reference, run_patterns, wrap_errors
+
+from fsdp_lab.training.launch import run_on_ranks
+
+TOL = 1e-5  # fp32 summation-order noise over a few AdamW steps
+WORLD_SIZES = (2, 3)
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda n: f"world{n}")
+def ranked(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"ckpt{request.param}")
+    results = run_on_ranks(run_patterns, request.param, list(PATTERNS), str(directory), timeout_s=400)[0]
+    return request.param, results
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {name: reference(name) for name in [*PATTERNS, "checkpoint_resume"]}
+
+
+def max_differences(got, want) -> tuple[float, float]:
+    """Largest absolute difference over the losses, and over every parameter (original names)."""
+    losses, params, _ = got
+    ref_losses, ref_params, _ = want
+    assert len(losses) == len(ref_losses)
+    assert sorted(params) == sorted(ref_params), sorted(set(params) ^ set(ref_params))
+    return (max(abs(a - b) for a, b in zip(losses, ref_losses)),
+            max((params[n] - ref_params[n]).abs().max().item() for n in ref_params))
+
+
+def check_matches(name, ranked, references) -> dict:
+    world_size, results = ranked
+    assert not isinstance(results[name], str), f"{name} failed on {world_size} ranks:\n{results[name]}"
+    loss_diff, param_diff = max_differences(results[name], references[name])
+    print(f"{name} world {world_size}: max |loss difference| = {loss_diff:.3g}, "
+          f"max |parameter difference| = {param_diff:.3g}")
+    assert max(loss_diff, param_diff) <= TOL, \
+        f"{name} on {world_size} ranks drifts {max(loss_diff, param_diff):.3g} from one process"
+    facts = results[name][2]
+    assert facts["clean"], f"{name}: units left unsharded after the run"
+    return facts
+
+
+def test_eval_mode_for_the_whole_run_trains(ranked, references):
+    check_matches("eval_whole_run", ranked, references)
+
+
+def test_no_grad_eval_forward_keeps_the_pending_backward(ranked, references):
+    check_matches("no_grad_eval_before_backward", ranked, references)
+
+
+def test_inference_mode_forward_before_training(ranked, references):
+    check_matches("inference_mode_first", ranked, references)
+
+
+def test_backward_that_raises_half_way_then_next_batch(ranked, references):
+    facts = check_matches("failed_backward", ranked, references)
+    assert "simulated out of memory" in facts["caught"]
+    assert facts["left_unsharded"] > 0, "the failure should leave units unsharded until the next forward"
+
+
+def test_manual_nested_wrap_trains_every_block(ranked, references):
+    facts = check_matches("nested_wrap", ranked, references)
+    assert facts["units"] == ["blocks.0", "blocks.1", "blocks.2", "<root>"]
+    assert facts["optimizer_tensors"] == 4, "one flat shard per unit"
+    assert "already wrapped" in facts["rewrap"]
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+def test_use_orig_params_groups_by_name(strategy, ranked, references):
+    world_size, _ = ranked
+    name = f"orig_params_{strategy}"
+    facts = check_matches(name, ranked, references)
+    plain = references[name][2]
+    assert facts["names"] == plain["names"], "original names, in the plain model's order"
+    assert facts["group_sizes"] == plain["group_sizes"]
+    assert facts["views_of_shard"] and facts["grads_views_of_shard_grad"]
+    assert facts["same_objects_after_summon"], "summon_full_params must put the optimizer's parameters back"
+    ref_params = references[name][1]
+    assert facts["full_shapes"] == {n: tuple(p.shape) for n, p in ref_params.items()}
+    local = facts["local_numels"]
+    if strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "ZERO1"):
+        assert sum(local.values()) < sum(p.numel() for p in ref_params.values()), "rank 0 holds only its part"
+    else:
+        assert local == {n: p.numel() for n, p in ref_params.items()}
+
+
+def test_use_orig_params_sharded_checkpoint_resume(ranked, references):
+    check_matches("checkpoint_resume", ranked, references)
+
+
+def test_manual_nested_wrap_equals_the_policy_wrap_bit_for_bit(ranked):
+    """Nested FSDP instances become the units the policy would pick, so every number is identical."""
+    world_size, results = ranked
+    for name in ("nested_wrap", "policy_wrap"):
+        assert not isinstance(results[name], str), f"{name} failed on {world_size} ranks:\n{results[name]}"
+    nested, policy = results["nested_wrap"], results["policy_wrap"]
+    assert nested[2]["units"] == policy[2]["units"]
+    assert nested[0] == policy[0]
+    assert all(torch.equal(nested[1][n], policy[1][n]) for n in policy[1])
+
+
+@pytest.fixture(scope="module")
+def messages():
+    return run_on_ranks(wrap_errors, 1, timeout_s=120)[0]
+
+
+@pytest.mark.parametrize("key", ["bare_transformer_policy", "bare_torch_transformer_policy", "empty_partial"])
+def test_bare_transformer_policy_shows_the_right_spelling(messages, key):
+    msg = messages[key]
+    assert msg.startswith("ValueError"), msg
+    assert "functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={" in msg, msg
+    if key != "empty_partial":
+        assert "transformer_layer_cls={LoopBlock}" in msg, msg
+
+
+def test_unsupported_options_raise_naming_the_option(messages):
+    assert "cpu_offload" in messages["cpu_offload"] and messages["cpu_offload"].startswith("ValueError")
+    assert messages["cpu_offload_off"] is None, "CPUOffload(offload_params=False) is what fsdp_lab does"
+    assert "keep_low_precision_grads" in messages["low_precision_grads"]
+    assert "recurse=False" in messages["summon_recurse"]
+    assert "sharding_strategy" in messages["nested_other_strategy"]
+    assert "nested into another FSDP" in messages["call_nested_inner"]
