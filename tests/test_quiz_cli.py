@@ -64,7 +64,7 @@ def test_invalid_input_reprompts_with_a_clear_message(monkeypatch, capsys, tmp_p
     assert "Not accepted: no answer given: type a letter A–D." in out
     assert "Not accepted: this question takes exactly one letter (A–D); you typed 2." in out
     assert "'X', 'Y', 'Z' is not an option here" in out
-    assert out.count("Your answer (one letter A–D): ") >= 5
+    assert out.count("Your answer (one letter A–D; q to quit): ") >= 5
     assert "Score: 10 / 10 (100%)" in out
 
 
@@ -153,10 +153,10 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
     code, out, err = run_inline(monkeypatch, capsys, ["scores", str(cls), "--csv", str(out_csv)], "")
     assert code == 0
     assert out_csv.read_text(encoding="utf-8").splitlines() == [
-        "name,chapter,score,max,attempts,last_attempt",
-        "ada,05,4,4,1,2025-01-03T10:00:00+00:00",
-        "ada,10,9.5,10,2,2025-01-02T10:00:00+00:00",
-        "bo,10,3,10,1,2025-01-05T09:00:00+00:00",
+        "file,name,chapter,score,max,attempts,last_attempt",
+        "ada.json,ada,05,4,4,1,2025-01-03T10:00:00+00:00",
+        "ada.json,ada,10,9.5,10,2,2025-01-02T10:00:00+00:00",
+        "sub/progress.json,bo,10,3,10,1,2025-01-05T09:00:00+00:00",
     ]
     assert "wrote 3 rows (2 learners)" in out and "skipped 2 unreadable file(s)" in out
     assert f"skipped {cls / 'cy.json'}: not valid JSON" in err
@@ -167,6 +167,6 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
 def test_scores_to_stdout_and_missing_dir(monkeypatch, capsys, tmp_path):
     make_progress(tmp_path / "a.json", "", [("01", 2, 4, "2025-01-01T00:00:00+00:00")])
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert code == 0 and out.splitlines()[1] == "a,01,2,4,1,2025-01-01T00:00:00+00:00"  # name from the file name
+    assert code == 0 and out.splitlines()[1] == "a.json,a,01,2,4,1,2025-01-01T00:00:00+00:00"  # name from the file
     code, _, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path / "nope")], "")
     assert code == 2 and "is not a directory" in err
