@@ -25,12 +25,12 @@ def add_arguments(p) -> None:
     from fsdp_lab.bench.setups import MODES, OPTIMIZERS
     from fsdp_lab.training.models import PRESETS
 
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the ranks compute")
     p.add_argument("--nproc-per-node", type=positive_int, default=None,
                    help="ranks to spawn (default: 2 on CPU, 1 on CUDA)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl on CUDA with one rank per GPU, gloo otherwise")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences per rank and step (default 8)")
     p.add_argument("--seq-len", type=positive_int, default=None,
                    help="tokens per sequence (default: the preset's block)")

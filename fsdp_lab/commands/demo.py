@@ -20,8 +20,8 @@ def add_arguments(p):
     p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size")
     p.add_argument("--global-batch", type=positive_int, default=8,
                    help="sequences per step over all ranks; must divide by --nproc-per-node")
-    p.add_argument("--strategy", default="FULL_SHARD",
-                   choices=["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+    p.add_argument("--strategy", default="FULL_SHARD", choices=["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"],
+                   help="how parameters, gradients and optimizer state are split over the ranks")
 
 
 def _kib(n: int) -> str:
