@@ -1,14 +1,41 @@
 """The `fsdp-lab` command. Each subcommand lives in its own module under `fsdp_lab.commands`,
 so adding one never touches this file: a module there defines NAME, HELP, add_arguments(parser)
-and run(args) -> int."""
+and run(args) -> int.
+
+Three endings are handled here for every subcommand, so none of them prints a traceback for them:
+Ctrl-C (SIGINT) exits 130 and SIGTERM 143, with one line each, and a stdout closed early (`fsdp-lab memory | head -3`) exits
+141 (128 + SIGPIPE, what a shell reports for a program killed by a broken pipe) without a word.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 
-from fsdp_lab import commands
+from fsdp_lab import __version__, commands
+from fsdp_lab.commands import _exit_codes as exit_codes
+
+
+class Terminated(BaseException):
+    """SIGTERM (from `timeout`, `kill` or a scheduler), raised like KeyboardInterrupt so cleanup still runs."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help text already states it."""
+
+    def _get_help_string(self, action):
+        help_text = action.help or ""
+        if "default" in help_text.lower() or action.default in (None, argparse.SUPPRESS) \
+                or action.nargs == 0 or not action.option_strings:  # nargs 0: an on/off flag
+            return help_text
+        return f"{help_text} (default: %(default)s)"
 
 
 def _command_modules():
@@ -24,12 +51,23 @@ def _command_modules():
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fsdp-lab", description="Learn FSDP by running one.")
+    parser.add_argument("--version", action="version", version=f"fsdp-lab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _command_modules():
-        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP,
+                           formatter_class=DefaultsHelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a file descriptor
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +76,22 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    return int(args._run(args) or 0)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()
+        return code
+    except KeyboardInterrupt:
+        print(f"fsdp-lab {args.command}: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return exit_codes.INTERRUPTED
+    except Terminated:
+        print(f"fsdp-lab {args.command}: terminated (SIGTERM)", file=sys.stderr, flush=True)
+        return exit_codes.TERMINATED
+    except BrokenPipeError:
+        _silence_stdout()
+        return exit_codes.BROKEN_PIPE
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -140,3 +140,40 @@ def test_gpu_session_script_runs_in_cpu_smoke_mode(tmp_path):
     with tarfile.open(tmp_path / "gpu_traces.tar.gz") as archive:
         names = archive.getnames()
     assert "gpu_traces/index.json" in names and any(n.endswith("/provenance.json") for n in names), names
+
+
+def _bench(*argv, timeout=240):
+    return subprocess.run([sys.executable, "-m", "fsdp_lab", "bench", *map(str, argv)], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO, env=_env())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "0"], "argument --nproc-per-node: expected a positive integer, got 0"),
+    (["--timeout", "0"], "argument --timeout: expected a positive number, got '0'"),
+    (["--batch", "0"], "argument --batch: expected a positive integer, got 0"),
+    (["--warmup", "1"], "argument --warmup: expected an integer >= 2"),
+    (["--seq-len", "999"], "fsdp-lab bench: error: --seq-len 999 is not valid; expected 1..64"),
+    (["--json-out", "/proc/version/x.json"], "fsdp-lab bench: error: --json-out /proc/version/x.json: "),
+])
+def test_bad_flags_exit_2_before_any_rank_starts_and_name_the_flag(argv, message):
+    proc = _bench(*argv, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "bench: bench:" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "[bench" not in proc.stderr  # no rank reported progress: nothing was started
+
+
+def test_a_trace_that_cannot_be_written_fails_the_command(tmp_path):
+    """A 64 KiB tmpfs: the trace is larger, the write fails with ENOSPC after the ranks ran."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        proc = _bench("--rounds", 1, "--steps-per-round", 1, "--warmup", 2, "--modes", "fsdp_lab", "--trace",
+                      small / "t.json.gz")
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"fsdp-lab bench: error: --trace {small / 't.json.gz'} was not written: " in proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["results"]["fsdp_lab"]  # the numbers still print

@@ -105,10 +105,21 @@ def test_check_text_ends_with_a_verdict_on_a_cpu_machine(capsys, monkeypatch):
     assert cli.main(["check", "--no-gloo"]) == 0
     out = capsys.readouterr().out
     verdict = out[out.index("Verdict:"):]
-    assert "replay shipped traces: 00, 01, 02, 03, 04, 05, 06, 08, 09" in verdict
+    assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 08, 09" in verdict
+    assert "replay shipped traces: none" in verdict and "FAILED" not in out  # nothing was tried, nothing failed
     assert "run live here: 07, 10" in verdict
-    assert "2-rank gloo on 127.0.0.1: FAILED: skipped (--no-gloo)" in out
-    assert "GPUs: none" in out
+    assert "2-rank gloo on 127.0.0.1: not checked (--no-gloo)" in out
+    assert "GPUs torch can use (torch.cuda): none" in out
+
+
+def test_check_exits_1_when_the_gloo_probe_fails(capsys, monkeypatch):
+    monkeypatch.setattr(check, "_gpus", lambda: [])
+    monkeypatch.setattr(check, "probe_gloo", lambda world_size, timeout_s: (False, 2.0, "rank 1: boom"))
+    assert cli.main(["check"]) == 1
+    captured = capsys.readouterr()
+    assert "2-rank gloo on 127.0.0.1: FAILED: rank 1: boom" in captured.out
+    assert "replay shipped traces: 00, 01, 02, 03, 04, 05, 06, 08, 09" in captured.out
+    assert captured.err.strip() == "fsdp-lab check: the 2-rank gloo probe failed: rank 1: boom"
 
 
 def test_check_text_lists_gpus(capsys, monkeypatch):
@@ -122,8 +133,10 @@ def test_check_text_lists_gpus(capsys, monkeypatch):
 
 
 def test_check_rejects_a_zero_timeout(capsys):
-    assert cli.main(["check", "--timeout", "0"]) == 2
-    assert "--timeout must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["check", "--timeout", "0"])
+    assert exit_.value.code == 2
+    assert "--timeout: expected a positive number, got '0'" in capsys.readouterr().err
 
 
 # -- lab --------------------------------------------------------------------------------------------------------

@@ -33,19 +33,39 @@ def test_a_rank_that_dies_mid_step_stops_the_job_and_is_named(tmp_path):
     assert "rank 1 (local rank 1, pid" in err and f"exited with code {FAULT_EXIT}" in err
     assert "it died without reporting an error; the other ranks were stopped" in err
     assert "[rank 0] a collective failed in step 2" in err
+    assert "torch/distributed/elastic" not in err  # torchrun's W/E lines do not pad the one-line error
     # torchrun notices the death at once: the 120 s collective timeout is never waited for
     assert secs < 60, f"the job took {secs:.0f} s to end"
     assert [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()] == [1]
     assert "step     1/5" in out and "step     2/5" not in out
 
 
-def test_a_rank_that_hangs_fails_its_peers_after_the_collective_timeout():
+def test_a_rank_that_hangs_is_reported_as_hung_after_the_collective_timeout():
     code, _out, err, secs = fsdp_lab_train("--nproc-per-node", 2, "--steps", 5, "--no-progress", "--timeout", 3,
                                            env={"FSDP_LAB_FAULT": "hang:1:2"}, timeout=JOB_TIMEOUT)
     assert code == 3, err
-    assert "[rank 0] a collective failed in step 2" in err and "--timeout 3 s" in err
-    assert "rank 0 (local rank 0, pid" in err and "a collective failed or timed out" in err
+    assert "[rank 0] a collective timed out in step 2: a peer did not answer within --timeout 3 s" in err
+    summary = err.strip().splitlines()[-1]
+    assert summary.startswith("fsdp-lab train: failed (exit 3): rank 1 (local rank 1, pid"), err
+    assert "hung: it stopped answering, rank 0's collective timed out after --timeout 3 s" in summary
+    assert "SIGKILL" not in err and "SIGTERM" not in err and "torch/distributed/elastic" not in err
     assert secs < 60, f"the job took {secs:.0f} s to end"
+
+
+def test_explain_failure_names_a_hung_rank_that_had_to_be_killed():
+    """torchrun escalates to SIGKILL when a hung rank ignores SIGTERM: still a hang, not a mysterious kill."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from fsdp_lab.commands.train import RANK_COLLECTIVE_TIMEOUT, explain_failure
+
+    def failure(rank, exitcode):
+        return ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file="")
+
+    code, message = explain_failure({0: failure(0, RANK_COLLECTIVE_TIMEOUT), 1: failure(1, -9)}, 30.0)
+    assert code == 3 and message.startswith("rank 1 (local rank 1, pid 101) hung: it stopped answering, rank 0's "
+                                            "collective timed out after --timeout 30 s")
+    code, message = explain_failure({0: failure(0, 3), 1: failure(1, -9)}, 30.0)  # kill -9 without a timeout
+    assert code == 3 and "rank 1 (local rank 1, pid 101) was killed by SIGKILL: it died" in message
 
 
 def test_a_rank_killed_inside_a_save_leaves_the_previous_checkpoint(tmp_path):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from fsdp_lab.cli import main
 
 
@@ -10,7 +12,7 @@ def test_demo_losses_match_reference_and_bytes_are_sharded(capsys):
     assert main(["demo", "--steps", "3"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"\s+\d+\s+\d", line)]
-    assert len(rows) == 3, out
+    assert [int(row.split()[0]) for row in rows] == [1, 2, 3], out  # numbered like `fsdp-lab train`
     for row in rows:
         fields = row.replace("|", " ").split()
         loss, ref = float(fields[1]), float(fields[2])
@@ -22,5 +24,10 @@ def test_demo_losses_match_reference_and_bytes_are_sharded(capsys):
 
 
 def test_demo_rejects_bad_flags(capsys):
-    assert main(["demo", "--world-size", "3", "--global-batch", "8"]) == 2
-    assert "divides" in capsys.readouterr().out
+    assert main(["demo", "--world-size", "3", "--global-batch", "8"]) == 2  # the old spelling still works
+    assert capsys.readouterr().err.strip() == ("fsdp-lab demo: error: --global-batch 8 does not divide by "
+                                               "--nproc-per-node 3; each rank needs equal rows")
+    for argv in (["--nproc-per-node", "0"], ["--steps", "0"], ["--preset", "huge"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["demo", *argv])
+        assert exit_.value.code == 2, argv

@@ -64,7 +64,7 @@ def test_invalid_input_reprompts_with_a_clear_message(monkeypatch, capsys, tmp_p
     assert "Not accepted: no answer given: type a letter A–D." in out
     assert "Not accepted: this question takes exactly one letter (A–D); you typed 2." in out
     assert "'X', 'Y', 'Z' is not an option here" in out
-    assert out.count("Your answer (one letter A–D): ") >= 5
+    assert out.count("Your answer (one letter A–D; q to quit): ") >= 5
     assert "Score: 10 / 10 (100%)" in out
 
 
@@ -153,10 +153,10 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
     code, out, err = run_inline(monkeypatch, capsys, ["scores", str(cls), "--csv", str(out_csv)], "")
     assert code == 0
     assert out_csv.read_text(encoding="utf-8").splitlines() == [
-        "name,chapter,score,max,attempts,last_attempt",
-        "ada,05,4,4,1,2025-01-03T10:00:00+00:00",
-        "ada,10,9.5,10,2,2025-01-02T10:00:00+00:00",
-        "bo,10,3,10,1,2025-01-05T09:00:00+00:00",
+        "file,name,chapter,score,max,attempts,last_attempt",
+        "ada.json,ada,05,4,4,1,2025-01-03T10:00:00+00:00",
+        "ada.json,ada,10,9.5,10,2,2025-01-02T10:00:00+00:00",
+        "sub/progress.json,bo,10,3,10,1,2025-01-05T09:00:00+00:00",
     ]
     assert "wrote 3 rows (2 learners)" in out and "skipped 2 unreadable file(s)" in out
     assert f"skipped {cls / 'cy.json'}: not valid JSON" in err
@@ -167,6 +167,48 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
 def test_scores_to_stdout_and_missing_dir(monkeypatch, capsys, tmp_path):
     make_progress(tmp_path / "a.json", "", [("01", 2, 4, "2025-01-01T00:00:00+00:00")])
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert code == 0 and out.splitlines()[1] == "a,01,2,4,1,2025-01-01T00:00:00+00:00"  # name from the file name
+    assert code == 0 and out.splitlines()[1] == "a.json,a,01,2,4,1,2025-01-01T00:00:00+00:00"  # name from the file
     code, _, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path / "nope")], "")
     assert code == 2 and "is not a directory" in err
+
+
+def test_an_unwritable_progress_path_is_refused_before_the_first_question(tmp_path):
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "p.json"
+    result = run_process(["quiz", "10", "--progress", str(bad)], "\n".join(KEY) + "\n", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"fsdp-lab quiz: error: --progress {bad}: {tmp_path / 'file'} is a file, not a "
+                                     f"directory; your answers could not be saved there")
+    assert "Q1/10" not in result.stdout  # the learner typed nothing that is then lost
+
+
+def test_an_empty_attempt_is_not_recorded_and_does_not_count(monkeypatch, capsys, tmp_path):
+    progress = tmp_path / "p.json"
+    code, out, _ = run_inline(monkeypatch, capsys, ["quiz", "10", "--progress", str(progress)], "")
+    assert code == 0 and "Nothing was answered, so no attempt is recorded." in out
+    assert not progress.exists()
+    make_progress(progress, "ada", [("10", 0, 10, "2025-01-01T10:00:00+00:00")])  # an old file holding one
+    data = json.loads(progress.read_text())
+    data["attempts"][0].update(answered=0, complete=False, answers={})
+    progress.write_text(json.dumps(data))
+    code, out, _ = run_inline(monkeypatch, capsys, ["quiz", "--progress", str(progress)], "")
+    assert "  10  " in out and "not tried yet" in out.split("  10  ")[1].splitlines()[0]
+    code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
+    assert out.splitlines() == ["file,name,chapter,score,max,attempts,last_attempt"]
+
+
+def test_scores_tells_learners_with_the_same_name_apart(monkeypatch, capsys, tmp_path):
+    cls = tmp_path / "class"
+    for who in ("pc01", "pc02", "pc03"):
+        make_progress(cls / who / "progress.json", "root", [("10", 5, 10, "2025-01-01T10:00:00+00:00")])
+    out_csv = tmp_path / "out.csv"
+    code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(cls), "--csv", str(out_csv)], "")
+    assert code == 0 and "wrote 3 rows (3 learners)" in out
+    assert [line.split(",")[:2] for line in out_csv.read_text().splitlines()[1:]] == [
+        ["pc01/progress.json", "root"], ["pc02/progress.json", "root"], ["pc03/progress.json", "root"]]
+
+
+def test_scores_warns_about_an_empty_directory(monkeypatch, capsys, tmp_path):
+    code, out, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
+    assert code == 0 and out.splitlines() == ["file,name,chapter,score,max,attempts,last_attempt"]
+    assert err.strip() == f"warning: no quiz results under {tmp_path} (no progress .json files with an answered attempt)"

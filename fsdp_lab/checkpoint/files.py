@@ -13,10 +13,15 @@ os.replace'd). A crash at any moment therefore leaves `latest` naming the previo
 checkpoint's files are never opened for writing. The directory must be on a file system every rank can see
 (one machine, or NFS/Lustre across nodes).
 
+[Note: checksums] Before publishing, rank 0 records every file's size and SHA-256 in fsdp_lab.json; a load checks
+them first, so a damaged or truncated shard is refused with the file's name instead of loading garbage (a
+20 KB overwrite of a shard otherwise loads silently and turns the loss into NaN).
+
 No torch.distributed here: these helpers are called by rank 0 only (see fsdp_lab.checkpoint).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -31,7 +36,12 @@ _STEP_DIR = re.compile(r"step_(\d{8,})")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, found or loaded; the message names the path and the problem."""
+    """A checkpoint could not be written, found or loaded; the message names the path and the problem.
+    `every_rank`: every rank raised this same error (one rank reporting it is enough)."""
+
+    def __init__(self, message: str, every_rank: bool = False):
+        super().__init__(message)
+        self.every_rank = every_rank
 
 
 def step_dirname(step: int) -> str:
@@ -132,3 +142,62 @@ def read_meta(step_dir: str | os.PathLike) -> dict:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format {meta.get('format')!r}, this fsdp_lab reads {FORMAT!r}")
     return meta
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_checksums(step_dir: str | os.PathLike) -> dict:
+    """{file name: {"bytes": size, "sha256": hex}} for every file of a written checkpoint except fsdp_lab.json."""
+    step_dir = Path(step_dir)
+    return {p.name: {"bytes": p.stat().st_size, "sha256": sha256_of(p)}
+            for p in sorted(step_dir.iterdir()) if p.is_file() and p.name != META_FILE}
+
+
+def verify_checksums(step_dir: str | os.PathLike, meta: dict) -> list[str]:
+    """One line per damaged, truncated or missing file (empty when all match). Checkpoints written before
+    checksums were recorded have none to check."""
+    step_dir = Path(step_dir)
+    problems = []
+    for name, want in (meta.get("checksums") or {}).items():
+        path = step_dir / name
+        if not path.is_file():
+            problems.append(f"{path}: missing (the save wrote {want['bytes']} bytes)")
+            continue
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            problems.append(f"{path}: {size} bytes, the save wrote {want['bytes']} (truncated or overwritten)")
+        elif sha256_of(path) != want["sha256"]:
+            problems.append(f"{path}: contents changed since the save (SHA-256 differs from fsdp_lab.json)")
+    return problems
+
+
+def check_files(step_dir: str | os.PathLike, meta: dict) -> None:
+    """Raise CheckpointError naming every bad file, one per line."""
+    problems = verify_checksums(step_dir, meta)
+    if problems:
+        raise CheckpointError(f"{step_dir} is damaged, refusing to load it: " + "\n".join(problems)
+                              + "\nRestore these files, or resume from another checkpoint (--resume PATH)")
+
+
+def prune(root: str | os.PathLike, keep: int) -> list[Path]:
+    """Remove complete checkpoints under `root` beyond the newest `keep`, never the one `latest` names.
+    Called by rank 0 after a save was published; returns what was removed."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = Path(root)
+    latest = read_latest(root)
+    steps = sorted((p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)),
+                   key=lambda p: int(_STEP_DIR.fullmatch(p.name).group(1)))
+    removed = []
+    for path in steps[:-keep]:
+        if latest is not None and path.name == latest.name:
+            continue
+        shutil.rmtree(path)
+        removed.append(path)
+    return removed

@@ -180,8 +180,50 @@ def _on_rank0(fn: Callable, model):
     dist.broadcast_object_list(box, src=dist.get_global_rank(ctx.pg, 0), group=ctx.pg, device=device)
     status, value = box[0]
     if status == "error":
-        raise CheckpointError(value)
+        raise CheckpointError(value, every_rank=True)
     return value
+
+
+def _one_line(err: BaseException) -> str:
+    """DCP's CheckpointException carries every rank's traceback (about 100 lines per rank): keep each failing
+    rank's exception, one line each."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        parts = []
+        for rank, wrapped in sorted(failures.items()):
+            exc = getattr(wrapped, "exc", wrapped)
+            text = str(exc).strip().splitlines()
+            parts.append(f"rank {rank}: {type(exc).__name__}: {text[-1] if text else ''}")
+        return "; ".join(parts)
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1] if text else ''}"
+
+
+def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
+    """Collective: raise CheckpointError on every rank if any rank's parameters or optimizer state hold NaN or
+    inf. Such a state is not saved, so `latest` keeps naming the last finite one."""
+    bad = ""
+    for key, _unit, flat in flats(model):
+        if not torch.isfinite(flat.shard.detach()).all():
+            bad = f"model/{key}"
+            break
+    if not bad and optimizer is not None:
+        for key, _flat, members in optimizer_members(model, optimizer):
+            for p, _start, _length in members:
+                for name, value in optimizer.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor) and value.is_floating_point() and \
+                            not torch.isfinite(value.detach()).all():
+                        bad = bad or f"optim/{key}/{name}"
+    ctx = model._ctx
+    found = [None] * ctx.world_size
+    dist.all_gather_object(found, bad, group=ctx.pg)
+    named = [(rank, key) for rank, key in enumerate(found) if key]
+    if named:
+        latest = files.read_latest(directory) if Path(directory).is_dir() else None
+        rank, key = named[0]
+        raise CheckpointError(f"step {step} not saved: {key} holds NaN or inf on rank {rank} "
+                              f"({len(named)} rank(s) affected); '{files.LATEST}' still names "
+                              f"{latest.name if latest else 'nothing'}", every_rank=True)
 
 
 def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optional[dict] = None,
@@ -192,6 +234,7 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
 
     ctx, mesh = model._ctx, mesh_of(model)
+    _refuse_non_finite(model, optimizer, step, directory)
     tmp = Path(_on_rank0(lambda: str(files.prepare_tmp(directory, step)), model))
     state = {"step": torch.tensor(step, dtype=torch.int64)}
     for key, _unit, flat in flats(model):
@@ -215,7 +258,7 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
         dcp.save(state, storage_writer=writer, process_group=ctx.pg)
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
-                              f"checkpoint. Cause: {err}") from err
+                              f"checkpoint. Cause: {_one_line(err)}", every_rank=True) from err
     cfg = getattr(model.module, "cfg", None)
     meta = {"format": FORMAT, "step": step, "world_size": ctx.world_size, "strategy": ctx.strategy.name,
             "torch": torch.__version__, "units": describe(model),
@@ -225,6 +268,7 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
             "extra": extra or {}}
 
     def finish():
+        meta["checksums"] = files.file_checksums(tmp)
         (tmp / files.META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         return str(files.publish(directory, step))
 
@@ -253,6 +297,7 @@ def load(model, optimizer, path: str | os.PathLike) -> dict:
     ctx, mesh = model._ctx, mesh_of(model)
     step_dir = Path(_on_rank0(lambda: str(files.resolve(path)), model))
     meta = read_meta(step_dir)
+    _on_rank0(lambda: files.check_files(step_dir, meta), model)
     _check_layout(meta, model, step_dir)
     reader = dcp.FileSystemReader(str(step_dir))
     saved = reader.read_metadata().state_dict_metadata
@@ -280,7 +325,7 @@ def load(model, optimizer, path: str | os.PathLike) -> dict:
     try:
         dcp.load(state, storage_reader=reader, process_group=ctx.pg)
     except (Exception, CheckpointException) as err:
-        raise CheckpointError(f"loading {step_dir} failed: {err}") from err
+        raise CheckpointError(f"loading {step_dir} failed: {_one_line(err)}", every_rank=True) from err
     for flat, members, entry in loaded_optim:
         for p, start, length in members if entry else ():
             if p is flat.shard:
@@ -338,6 +383,7 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict:
 
     step_dir = files.resolve(path)
     meta = files.read_meta(step_dir)
+    files.check_files(step_dir, meta)
     flats = {f"model/{u['key']}": torch.empty(u["numel"]) for u in meta["units"]}
     state = dict(flats)
     buffers = {}

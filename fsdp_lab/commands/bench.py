@@ -5,12 +5,17 @@
     fsdp-lab bench --device cuda --preset 369m --backend gloo --nproc-per-node 2    # memory only (gloo)
 
 A table first, then one JSON object on the last line (what fsdp_lab.bench.run.summarize returns; the ratios are
-fsdp_lab's figure over the other setup's). Exit codes: 0 ok, 2 bad options or no such device, 1 a rank failed.
+fsdp_lab's figure over the other setup's). Exit codes: 0 ok, 2 bad options or no such device, 1 a rank failed
+or --trace / --json-out could not be written, 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
+
+from fsdp_lab.commands._argtypes import number, positive_float, positive_int
+from fsdp_lab.commands._paths import first_problem, output_file_problem
 
 NAME = "bench"
 HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/s, TFLOP/s, peak memory)."
@@ -20,18 +25,21 @@ def add_arguments(p) -> None:
     from fsdp_lab.bench.setups import MODES, OPTIMIZERS
     from fsdp_lab.training.models import PRESETS
 
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--nproc-per-node", type=int, default=None,
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the ranks compute")
+    p.add_argument("--nproc-per-node", type=positive_int, default=None,
                    help="ranks to spawn (default: 2 on CPU, 1 on CUDA)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl on CUDA with one rank per GPU, gloo otherwise")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    p.add_argument("--batch", type=int, default=8, help="sequences per rank and step (default 8)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the preset's block)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps per setup before the rounds")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps-per-round", type=int, default=5)
-    p.add_argument("--memory-steps", type=int, default=3, help="CUDA: steps of each setup alone for its peak")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size")
+    p.add_argument("--batch", type=positive_int, default=8, help="sequences per rank and step (default 8)")
+    p.add_argument("--seq-len", type=positive_int, default=None,
+                   help="tokens per sequence (default: the preset's block)")
+    p.add_argument("--warmup", type=number(int, 2, "an integer >= 2 (optimizer state exists from the second step)"),
+                   default=3, help="untimed steps per setup before the rounds")
+    p.add_argument("--rounds", type=positive_int, default=5, help="timed rounds, each setup once per round")
+    p.add_argument("--steps-per-round", type=positive_int, default=5, help="timed steps of a setup per round")
+    p.add_argument("--memory-steps", type=positive_int, default=3,
+                   help="CUDA: steps of each setup alone for its peak")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="AdamW implementation for all setups (default: fused on CUDA, foreach on CPU)")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
@@ -40,7 +48,15 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", default=None, metavar="PATH.json.gz",
                    help="also write a profiler trace of one fsdp_lab step (Chrome trace, gzipped)")
     p.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON result to PATH")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds before all ranks are killed")
+    p.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before all ranks are killed")
+
+
+def _flag_names(message: str) -> str:
+    """BenchConfig speaks in its field names ("bench: seq_len=999 is not valid"); say the flag instead."""
+    message = re.sub(r"^bench: ", "", message)
+    return re.sub(r"\b(nproc|batch|seq_len|warmup|rounds|steps_per_round|memory_steps|modes|preset|backend|"
+                  r"optimizer|device)=", lambda m: "--" + ("nproc-per-node" if m.group(1) == "nproc"
+                                                           else m.group(1).replace("_", "-")) + " ", message)
 
 
 def run(args) -> int:
@@ -49,6 +65,10 @@ def run(args) -> int:
     from fsdp_lab.training.launch import RankFailed
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
+    problem = first_problem(output_file_problem("--trace", args.trace), output_file_problem("--json-out", args.json_out))
+    if problem:
+        print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
+        return 2
     try:
         cfg = BenchConfig(preset=args.preset, device=args.device, nproc=nproc, backend=args.backend,
                           batch=args.batch, seq_len=args.seq_len, warmup=args.warmup, rounds=args.rounds,
@@ -60,12 +80,22 @@ def run(args) -> int:
         print(f"fsdp-lab bench: {exc}", file=sys.stderr)
         return 1
     except (ValueError, RuntimeError) as exc:  # bad options, or no such device here
-        print(f"fsdp-lab bench: {exc}", file=sys.stderr)
+        print(f"fsdp-lab bench: error: {_flag_names(str(exc))}", file=sys.stderr)
         return 2
     line = json.dumps(result)
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as fh:
-            fh.write(line + "\n")
     print(format_table(result))
     print(line, flush=True)
-    return 0
+    failed = []
+    if args.json_out:
+        try:
+            with open(args.json_out, "w", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+        except OSError as exc:
+            failed.append(f"--json-out {args.json_out}: {exc.strerror or exc}")
+    trace = result.get("trace")
+    if args.trace and (not isinstance(trace, dict) or "error" in trace):
+        why = trace.get("error") if isinstance(trace, dict) else "no fsdp_lab setup ran to trace"
+        failed.append(f"--trace {args.trace} was not written: {why}")
+    for problem in failed:
+        print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
+    return 1 if failed else 0

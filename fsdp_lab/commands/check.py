@@ -3,6 +3,10 @@
 A course that silently falls back to recorded data confuses learners ("why is my chart identical to the
 instructor's?"), so the fallback is decided here, once, from facts: the GPUs torch sees, and an actual 2-rank
 gloo run on 127.0.0.1. Import-time code touches nothing; every probe runs only when asked.
+
+Every line says what was actually checked. With --no-gloo the multi-rank chapters are "unchecked", not
+replayed: nothing was tried, so nothing failed. Exit codes: 0 every probe that ran passed, 1 the gloo probe
+failed (the course will replay), 2 bad flags, 130 interrupted.
 """
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from typing import Optional
+
+from fsdp_lab.commands._argtypes import positive_float
 
 NAME = "check"
 HELP = "Report GPUs, CUDA/NCCL/torch versions and whether 2-rank gloo works; say which chapters run live here."
@@ -40,7 +47,8 @@ CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (repl
 class Chapter:
     chapter: str
     title: str
-    status: str     # "live": all of it runs here; "mixed": runs here, GPU memory replayed; "replay"
+    status: str     # "live": all of it runs here; "mixed": runs here, GPU memory replayed; "replay";
+                    # "unchecked": depends on the gloo probe, which was skipped (--no-gloo)
     how: str        # one line: what runs, where, or what is replayed and why
 
 
@@ -67,6 +75,8 @@ def _gloo_worker(rank: int, world_size: int, port: int, results, pg_timeout_s: f
                                                f"expected {expected}"))
     except Exception as err:  # reported to the parent, which prints it
         results.put((rank, False, f"rank {rank}: {type(err).__name__}: {err}"))
+    except KeyboardInterrupt:  # the parent reports the interruption; a rank has nothing to add
+        pass
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -90,9 +100,12 @@ def probe_gloo(world_size: int = 2, timeout_s: float = 60.0, pg_timeout_s: float
              for rank in range(world_size)]
     reports: dict[int, tuple] = {}
     error = None
+    from fsdp_lab.training.launch import children_ignore_sigint
+
     try:
-        for proc in procs:
-            proc.start()
+        with children_ignore_sigint():  # Ctrl-C reaches this process only; it stops the children below
+            for proc in procs:
+                proc.start()
         while len(reports) < world_size:
             remaining = start + timeout_s - time.monotonic()
             if remaining <= 0:
@@ -145,8 +158,11 @@ def _nccl_version():
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def chapter_plan(gpu_count: int, gloo_ok: bool) -> tuple[Chapter, ...]:
-    """Which chapters run live here and which replay shipped traces. Pure, so every machine kind is testable."""
+def chapter_plan(gpu_count: int, gloo_ok: Optional[bool]) -> tuple[Chapter, ...]:
+    """Which chapters run live here and which replay shipped traces. Pure, so every machine kind is testable.
+    gloo_ok None: the gloo probe did not run, so chapters that depend on it are "unchecked"."""
+    if gloo_ok is None:
+        return _unchecked_plan(gpu_count)
     # One GPU hosts several ranks only over gloo (NCCL refuses two ranks on one device, DESIGN §7).
     gpu_live = gpu_count >= 2 or (gpu_count == 1 and gloo_ok)
     if gpu_count >= 2:
@@ -171,6 +187,20 @@ def chapter_plan(gpu_count: int, gloo_ok: bool) -> tuple[Chapter, ...]:
     return tuple(chapters)
 
 
+def _unchecked_plan(gpu_count: int) -> tuple[Chapter, ...]:
+    gpu_live = gpu_count >= 2
+    chapters = []
+    for number, title, multi_rank, gpu_memory in CHAPTERS:
+        if not multi_rank and not gpu_memory:
+            chapters.append(Chapter(number, title, "live", "runs here (single process)"))
+            continue
+        how = "multi-rank runs need 2-rank gloo, not checked (--no-gloo)"
+        if gpu_memory and gpu_live:
+            how += f"; GPU memory measured live on {gpu_count} GPUs (NCCL)"
+        chapters.append(Chapter(number, title, "unchecked", how))
+    return tuple(chapters)
+
+
 def collect(run_gloo: bool = True, timeout_s: float = 60.0) -> dict:
     """Everything `check` reports, as one JSON-ready dict."""
     import torch
@@ -179,9 +209,10 @@ def collect(run_gloo: bool = True, timeout_s: float = 60.0) -> dict:
     if run_gloo:
         ok, seconds, error = probe_gloo(2, timeout_s)
     else:
-        ok, seconds, error = False, 0.0, "skipped (--no-gloo)"
+        ok, seconds, error = None, 0.0, None
     chapters = chapter_plan(len(gpus), ok)
-    verdict = {status: [c.chapter for c in chapters if c.status == status] for status in ("live", "mixed", "replay")}
+    verdict = {status: [c.chapter for c in chapters if c.status == status]
+               for status in ("live", "mixed", "replay", "unchecked")}
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -200,14 +231,19 @@ def render(info: dict) -> str:
     gpus = info["gpus"]
     gpu_lines = [f"  GPU {g['index']}: {g['name']}, {g['memory_bytes'] / 2**30:.1f} GiB" for g in gpus]
     gloo = info["gloo"]
-    gloo_line = (f"works ({gloo['seconds']:.1f} s for spawn, rendezvous and one all_reduce)" if gloo["ok"]
-                 else f"FAILED: {gloo['error']}")
+    if gloo["ok"] is None:
+        gloo_line = "not checked (--no-gloo); run `fsdp-lab check` without it to try"
+    elif gloo["ok"]:
+        gloo_line = (f"works: 2 processes spawned, joined a gloo group and all_reduced once in "
+                     f"{gloo['seconds']:.1f} s")
+    else:
+        gloo_line = f"FAILED: {gloo['error']}"
     lines = [
         f"Python {info['python']}, torch {info['torch']}, CUDA {info['cuda'] or 'none (CPU build)'}, "
-        f"NCCL {info['nccl'] or 'none'}",
-        f"CPU cores: {info['cpu_cores']}",
-        f"GPUs: {len(gpus) or 'none'}", *gpu_lines,
-        f"Free TCP port on 127.0.0.1: {info['free_port']}",
+        f"NCCL {info['nccl'] or 'none'} (versions as torch reports them)",
+        f"CPU cores (os.cpu_count): {info['cpu_cores']}",
+        f"GPUs torch can use (torch.cuda): {len(gpus) or 'none'}", *gpu_lines,
+        f"TCP port on 127.0.0.1 bound and released: {info['free_port']}",
         f"2-rank gloo on 127.0.0.1: {gloo_line}",
         "",
         "Chapters:",
@@ -218,7 +254,10 @@ def render(info: dict) -> str:
     verdict, on_gpu = info["verdict"], " (GPU memory measured on this machine's GPU)" if gpus else ""
     for status, label in (("live", f"run live here{on_gpu}"),
                           ("mixed", "run live here, GPU memory charts replay shipped GPU traces"),
-                          ("replay", "replay shipped traces")):
+                          ("replay", "replay shipped traces"),
+                          ("unchecked", "not checked (need the gloo probe; run without --no-gloo)")):
+        if status == "unchecked" and not verdict[status]:
+            continue
         lines.append(f"  {label}: {', '.join(verdict[status]) or 'none'}")
     return "\n".join(lines)
 
@@ -226,14 +265,14 @@ def render(info: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     parser.add_argument("--no-gloo", action="store_true", help="skip the 2-rank gloo probe (it takes seconds)")
-    parser.add_argument("--timeout", type=float, default=60.0,
+    parser.add_argument("--timeout", type=positive_float, default=60.0,
                         help="wall-clock limit for the gloo probe in seconds (default 60)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.timeout > 0:
-        print(f"fsdp-lab check: error: --timeout must be > 0, got {args.timeout}", file=sys.stderr)
-        return 2
     info = collect(run_gloo=not args.no_gloo, timeout_s=args.timeout)
     print(json.dumps(info) if args.json else render(info))
+    if info["gloo"]["ok"] is False:
+        print(f"fsdp-lab check: the 2-rank gloo probe failed: {info['gloo']['error']}", file=sys.stderr)
+        return 1
     return 0

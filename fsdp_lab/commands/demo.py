@@ -1,17 +1,27 @@
-"""`fsdp-lab demo`: train the course GPT on CPU ranks and watch FSDP match a single process."""
+"""`fsdp-lab demo`: train the course GPT on CPU ranks and watch FSDP match a single process.
+
+Steps are numbered 1..N, as in `fsdp-lab train`: step s trains on the same global batch in both commands."""
 from __future__ import annotations
+
+import sys
+
+from fsdp_lab.commands._argtypes import positive_int
 
 NAME = "demo"
 HELP = "train the small GPT on 2 CPU ranks (gloo) beside a single-process reference"
 
 
 def add_arguments(p):
-    p.add_argument("--world-size", type=int, default=2, help="number of CPU ranks (default 2)")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--preset", default="tiny", help="model preset from fsdp_lab.training.models.PRESETS")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--strategy", default="FULL_SHARD",
-                   choices=["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+    from fsdp_lab.training.models import PRESETS
+
+    p.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=positive_int, default=2,
+                   help="number of CPU ranks, as in train and bench (--world-size: the old spelling) (default 2)")
+    p.add_argument("--steps", type=positive_int, default=5, help="optimizer steps, numbered 1..N")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size")
+    p.add_argument("--global-batch", type=positive_int, default=8,
+                   help="sequences per step over all ranks; must divide by --nproc-per-node")
+    p.add_argument("--strategy", default="FULL_SHARD", choices=["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"],
+                   help="how parameters, gradients and optimizer state are split over the ranks")
 
 
 def _kib(n: int) -> str:
@@ -20,21 +30,18 @@ def _kib(n: int) -> str:
 
 def run(args) -> int:
     from fsdp_lab.training.demo import run_demo
-    from fsdp_lab.training.models import PRESETS
 
-    if args.preset not in PRESETS:
-        print(f"error: unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
+    world = args.nproc_per_node
+    if args.global_batch % world:
+        print(f"fsdp-lab demo: error: --global-batch {args.global_batch} does not divide by --nproc-per-node "
+              f"{world}; each rank needs equal rows", file=sys.stderr)
         return 2
-    if args.world_size < 1 or args.steps < 1 or args.global_batch % args.world_size:
-        print(f"error: need world size >= 1, steps >= 1 and a global batch ({args.global_batch}) that divides "
-              f"by the world size ({args.world_size})")
-        return 2
-    print(f"fsdp_lab {args.strategy} on {args.world_size} CPU ranks (gloo), GPT preset '{args.preset}', "
+    print(f"fsdp_lab {args.strategy} on {world} CPU ranks (gloo), GPT preset '{args.preset}', "
           f"global batch {args.global_batch}")
     print("live bytes per rank after each optimizer step, in KiB: P = params, G = grads, O = optimizer state")
-    rank_cols = "".join(f" | rank{r}: P        G        O     " for r in range(args.world_size))
-    print(f"step   loss (fsdp_lab)  loss (1 process)   diff{rank_cols}")
-    steps = run_demo(args.world_size, args.preset, args.steps, args.global_batch, args.strategy)
+    rank_cols = "".join(f" | rank{r}: P        G        O     " for r in range(world))
+    print(f"step   loss (fsdp_lab)  loss (1 process)   diff{rank_cols}", flush=True)
+    steps = run_demo(world, args.preset, args.steps, args.global_batch, args.strategy)
     worst = 0.0
     for s in steps:
         diff = s.loss - s.reference_loss

@@ -1,10 +1,17 @@
-"""`fsdp-lab quiz [CHAPTER]`: the self-graded quiz in a terminal, answers read from stdin."""
+"""`fsdp-lab quiz [CHAPTER]`: the self-graded quiz in a terminal, answers read from stdin.
+
+Nothing a learner typed is lost: the progress file is checked before the first question, and answers given
+before `q`, end of input or Ctrl-C (exit 130) are saved; the next run of the chapter offers to resume them.
+"""
 from __future__ import annotations
 
 import argparse
 import getpass
 import sys
 from pathlib import Path
+
+from fsdp_lab.commands._exit_codes import INTERRUPTED as EXIT_INTERRUPTED
+from fsdp_lab.commands._paths import output_file_problem
 
 NAME = "quiz"
 HELP = ("Take a chapter's self-graded quiz in the terminal (chapter 10: the article's ten interview questions). "
@@ -39,12 +46,13 @@ def _login() -> str:
 
 def _list(args, progress) -> int:
     from fsdp_lab.lessons.quiz.bank import load_bank
+    from fsdp_lab.lessons.quiz.progress import counts
     from fsdp_lab.lessons.quiz.questions import msg, points
 
     bank = load_bank(args.bank)
     print(msg(args.lang, "chapters"))
     for key, chapter in bank.items():
-        tries = [a for a in progress.attempts if a.chapter == key]
+        tries = [a for a in progress.attempts if a.chapter == key and counts(a)]
         status = (msg(args.lang, "best", score=points(max(a.score for a in tries)), max=len(chapter.questions),
                       attempts=len(tries)) if tries else msg(args.lang, "never"))
         print(f"  {key}  {chapter.title.get(args.lang)} ({len(chapter.questions)}) — {status}")
@@ -53,13 +61,17 @@ def _list(args, progress) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from fsdp_lab.lessons.quiz.bank import chapter_key, load_chapter_by_key
-    from fsdp_lab.lessons.quiz.scoring import QuizRun
-    from fsdp_lab.lessons.quiz.progress import ProgressStore
+    from fsdp_lab.lessons.quiz.progress import ProgressStore, resumable
     from fsdp_lab.lessons.quiz.questions import QuizFileError, msg, points
-    from fsdp_lab.lessons.quiz.terminal import run_terminal
+    from fsdp_lab.lessons.quiz.scoring import QuizRun
+    from fsdp_lab.lessons.quiz.terminal import offer_resume, resume_from, run_terminal
 
     _utf8_safe(sys.stdout), _utf8_safe(sys.stderr)
     store = ProgressStore(args.progress)
+    problem = output_file_problem("--progress", store.path)
+    if problem:
+        print(f"fsdp-lab quiz: error: {problem}; your answers could not be saved there", file=sys.stderr)
+        return 2
     try:
         progress, notice = store.load(args.name)
     except OSError as exc:
@@ -83,16 +95,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"fsdp-lab quiz: {exc}", file=sys.stderr)
         return 1
     quiz = QuizRun(chapter, args.lang, args.seed)
-    finished = run_terminal(quiz, sys.stdin, sys.stdout, echo=not sys.stdin.isatty())
-    if not finished:
+    echo = not sys.stdin.isatty()
+    partial, replaces = resumable(progress, key), None
+    interrupted = False
+    try:
+        if partial is not None and offer_resume(partial, args.lang, sys.stdin, sys.stdout, echo):
+            replaces = partial
+            restored = resume_from(quiz, partial)
+            print(msg(args.lang, "resumed", answered=restored, left=len(quiz) - len(quiz.answers)))
+        finished = run_terminal(quiz, sys.stdin, sys.stdout, echo=echo)
+    except KeyboardInterrupt:
+        interrupted, finished = True, False
+    if quiz.answered == 0:
+        print(msg(args.lang, "nothing"), file=sys.stderr if interrupted else sys.stdout)
+        if interrupted:
+            print("fsdp-lab quiz: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED if interrupted else 0
+    if not finished and not interrupted:
         print(msg(args.lang, "eof", answered=quiz.answered, total=len(quiz), score=points(quiz.score),
                   max=quiz.max_score))
     try:
-        notice = store.record(quiz.attempt(), args.name or progress.learner or _login())
+        notice = store.record(quiz.attempt(), args.name or progress.learner or _login(), replaces=replaces)
     except OSError as exc:
         print(msg(args.lang, "not_saved", reason=exc), file=sys.stderr)
         return 1
     if notice:
         print(notice, file=sys.stderr)
+    if interrupted:
+        print("\nfsdp-lab quiz: " + msg(args.lang, "interrupted", answered=quiz.answered, total=len(quiz),
+                                         path=store.path), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(msg(args.lang, "saved", path=store.path))
     return 0

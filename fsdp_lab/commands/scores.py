@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 NAME = "scores"
-HELP = ("Collect learners' progress files under DIR into one CSV (name, chapter, best score, max, attempts, "
-        "last attempt); unreadable files are reported and skipped.")
+HELP = ("Collect learners' progress files under DIR into one CSV (file, name, chapter, best score, max, "
+        "attempts, last attempt); each file is one learner; unreadable files are reported and skipped.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for problem in problems:
         print(f"skipped {problem}", file=sys.stderr)
+    if not rows and not problems:
+        print(f"warning: no quiz results under {args.dir} (no progress .json files with an answered attempt)",
+              file=sys.stderr)
     if args.csv is None:
         write_csv(rows, sys.stdout)
         return 0
@@ -38,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"fsdp-lab scores: cannot write {args.csv}: {exc}", file=sys.stderr)
         return 1
-    learners = len({r.name for r in rows})
+    learners = len({r.file for r in rows})  # one progress file per learner; names may repeat ("root")
     print(f"wrote {len(rows)} rows ({learners} learners) to {args.csv}; skipped {len(problems)} unreadable file(s)")
     return 0

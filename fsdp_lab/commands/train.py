@@ -7,12 +7,17 @@ dies, torchrun stops the others within about a second; a rank that hangs makes i
 
 Exit codes (also in --help):
     0  ok                     2  bad flags / cannot run here     4  checkpoint could not be saved, found or loaded
-    1  unexpected error (bug) 3  a rank died, or a collective failed or timed out       130  interrupted
+    1  unexpected error (bug) 3  a rank died or hung, or a collective failed   130  Ctrl-C   143  SIGTERM
+
+Ctrl-C or SIGTERM (`timeout`, a scheduler) stops every rank; checkpoints are atomic, so `latest` keeps naming
+the last complete one. torchrun's own log lines (W.../E... from torch.distributed.elastic) are silenced unless
+LOGLEVEL is set: this command prints one line saying what happened.
 """
 from __future__ import annotations
 
 import argparse
 import enum
+import logging
 import os
 import shlex
 import signal
@@ -21,12 +26,13 @@ import traceback
 from datetime import timedelta
 
 from fsdp_lab.commands._argtypes import count, positive_float, positive_int
+from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
 
 NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
 cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
-loaded; 130 interrupted. Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
+loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
 
 
 class ExitCode(enum.IntEnum):
@@ -35,7 +41,13 @@ class ExitCode(enum.IntEnum):
     USAGE = 2          # bad flags, or a configuration that cannot run here
     RANK_FAILED = 3    # a rank died, or a collective failed or timed out (a peer is gone or stuck)
     CHECKPOINT = 4     # a checkpoint could not be saved, found or loaded
-    INTERRUPTED = 130  # Ctrl-C
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    TERMINATED = 143   # SIGTERM (128 + SIGTERM), e.g. from `timeout` or a batch scheduler
+
+
+# A rank's own exit code when a collective timed out (a peer stopped answering), so the launcher can tell a hung
+# peer from a vanished one; the command itself then exits RANK_FAILED.
+RANK_COLLECTIVE_TIMEOUT = 5
 
 
 def _endpoint(text: str) -> str:
@@ -79,7 +91,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                         "or from PATH; the world size and strategy may differ from the run that saved it")
     g.add_argument("--export", metavar="PATH",
                    help="after training, write the full state dict (original names, fp32) for the plain GPT")
-    g.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm progress bar")
+    g.add_argument("--keep-last", type=count, default=0, metavar="K",
+                   help="after each save keep only the newest K checkpoints (0: keep all)")
+    g.add_argument("--log-every", type=count, default=0, metavar="N",
+                   help="print a step line every N steps (and the first and last); 0: every step, or every "
+                        "10 beside the progress bar")
+    g.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no tqdm progress bar (it is only drawn on a terminal anyway)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +155,12 @@ def _check(args, cfg, machine: bool = True) -> int | None:
                       f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
     if not machine:
         return None
+    problem = first_problem(output_dir_problem("--checkpoint-dir", cfg.checkpoint_dir),
+                            output_file_problem("--export", cfg.export),
+                            output_file_problem("--json-log", cfg.json_log),
+                            output_dir_problem("--trace", cfg.trace))
+    if problem:
+        return _usage(problem)
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             return _usage("--device cuda, but torch.cuda.is_available() is False on this machine; use --device cpu")
@@ -158,11 +182,12 @@ def _check(args, cfg, machine: bool = True) -> int | None:
     return None
 
 
-def explain_failure(failures: dict) -> tuple[ExitCode, str]:
+def explain_failure(failures: dict, timeout_s: float | None = None) -> tuple[ExitCode, str]:
     """Pick the rank that caused a failed job from torchrun's {global rank: ProcessFailure}. torchrun's own
     "root cause" is the earliest exit, often a healthy rank that noticed its peer vanish, so prefer a rank that
-    died unexplained, then one that crashed, then checkpoint and usage errors; SIGTERM is torchrun stopping a
-    healthy rank."""
+    died unexplained, then a rank that hung (its peers' collectives timed out waiting for it; torchrun then
+    stopped it with SIGTERM, or SIGKILL if it did not react), then one that crashed, then checkpoint and usage
+    errors; SIGTERM alone is torchrun stopping a healthy rank."""
     def code(f):
         return f.exitcode
 
@@ -170,13 +195,24 @@ def explain_failure(failures: dict) -> tuple[ExitCode, str]:
         how = f"was killed by {f.signal_name()}" if code(f) < 0 else f"exited with code {code(f)}"
         return f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}"
 
-    died = {r: f for r, f in failures.items() if code(f) not in (1, 2, 3, 4, 130, -int(signal.SIGTERM))}
+    stopped = (-int(signal.SIGTERM), -int(signal.SIGKILL))
+    timed_out = {r: f for r, f in failures.items() if code(f) == RANK_COLLECTIVE_TIMEOUT}
+    hung = {r: f for r, f in failures.items() if timed_out and code(f) in stopped}
+    if hung:
+        rank, waiter = min(hung), min(timed_out)
+        f = hung[rank]
+        limit = f"--timeout {timeout_s:g} s" if timeout_s else "--timeout"
+        return ExitCode.RANK_FAILED, (f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) hung: it stopped "
+                                      f"answering, rank {waiter}'s collective timed out after {limit} waiting "
+                                      f"for it, and the job was stopped")
+    known = (1, 2, 3, 4, RANK_COLLECTIVE_TIMEOUT, 130, -int(signal.SIGTERM))
+    died = {r: f for r, f in failures.items() if code(f) not in known}
     for pool, exit_code, why in (
             (died, ExitCode.RANK_FAILED, "it died without reporting an error; the other ranks were stopped"),
             ({r: f for r, f in failures.items() if code(f) == 1}, ExitCode.ERROR, "Python error, traceback above"),
             ({r: f for r, f in failures.items() if code(f) == 4}, ExitCode.CHECKPOINT, "checkpoint error above"),
             ({r: f for r, f in failures.items() if code(f) == 2}, ExitCode.USAGE, "configuration error above"),
-            ({r: f for r, f in failures.items() if code(f) == 3}, ExitCode.RANK_FAILED,
+            ({r: f for r, f in failures.items() if code(f) in (3, RANK_COLLECTIVE_TIMEOUT)}, ExitCode.RANK_FAILED,
              "a collective failed or timed out: a peer (maybe on another node) died or stopped answering"),
             ({r: f for r, f in failures.items() if code(f) == 130}, ExitCode.INTERRUPTED, "interrupted")):
         if pool:
@@ -184,6 +220,29 @@ def explain_failure(failures: dict) -> tuple[ExitCode, str]:
             return exit_code, f"{describe(rank, pool[rank])}: {why}"
     rank = min(failures)
     return ExitCode.RANK_FAILED, f"{describe(rank, failures[rank])}: stopped"
+
+
+def _quiet_torchrun_logs() -> None:
+    """torchrun logs W/E lines ("Sending process 123 closing signal SIGTERM", "failed (exitcode: 3)") that
+    duplicate, in torch's words, the one line this command prints. LOGLEVEL set by the user wins."""
+    if "LOGLEVEL" in os.environ:
+        return
+    os.environ["LOGLEVEL"] = "CRITICAL"  # read by torch.distributed.elastic's loggers when they are created
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic") or name == "torch.distributed.run":
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _last_checkpoint(cfg) -> str:
+    from fsdp_lab.checkpoint.files import CheckpointError, read_latest
+
+    if not cfg.checkpoint_dir:
+        return "no --checkpoint-dir, nothing was saved"
+    try:
+        latest = read_latest(cfg.checkpoint_dir)
+    except CheckpointError as err:
+        return str(err)
+    return f"last complete checkpoint: {latest}" if latest else f"no checkpoint was completed in {cfg.checkpoint_dir}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,15 +264,25 @@ def run(args: argparse.Namespace) -> int:
     from torch.distributed.run import run as torchrun
 
     world = args.nproc_per_node * args.nnodes
+    from fsdp_lab.training.estimate import banner
+
+    print(banner(cfg, world), flush=True)
+    _quiet_torchrun_logs()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         torchrun(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
-        exit_code, message = explain_failure(err.failures)
+        exit_code, message = explain_failure(err.failures, cfg.timeout)
         print(f"fsdp-lab train: failed (exit {int(exit_code)}): {message}", file=sys.stderr, flush=True)
         return int(exit_code)
-    except KeyboardInterrupt:
-        print("fsdp-lab train: interrupted", file=sys.stderr)
-        return int(ExitCode.INTERRUPTED)
+    except (KeyboardInterrupt, SignalException) as err:
+        # torchrun turns SIGINT/SIGTERM into SignalException after sending the same signal to every rank
+        sig = getattr(err, "sigval", signal.SIGINT)
+        exit_code = ExitCode.TERMINATED if sig == signal.SIGTERM else ExitCode.INTERRUPTED
+        what = "terminated (SIGTERM)" if exit_code is ExitCode.TERMINATED else "interrupted (Ctrl-C)"
+        print(f"fsdp-lab train: {what}: all ranks stopped; {_last_checkpoint(cfg)}", file=sys.stderr, flush=True)
+        return int(exit_code)
     print(f"fsdp-lab train: done: {cfg.steps} steps of {cfg.preset} on {world} rank(s), {cfg.strategy}",
           file=sys.stderr)
     return int(ExitCode.OK)
@@ -229,10 +298,15 @@ def _is_collective_error(err: BaseException) -> bool:
         s in text for s in ("gloo", "NCCL", "nccl", "Connection", "Timed out", "timed out", "peer", "Socket"))
 
 
-def _exit(code: ExitCode, message: str) -> None:
+def _exit(code: int, message: str | None) -> None:
     """Leave now: a rank whose peers are gone could hang in destroy_process_group or in atexit handlers."""
-    print(message, file=sys.stderr, flush=True)
-    sys.stdout.flush()
+    for stream, text in ((sys.stderr, message), (sys.stdout, None)):
+        try:
+            if text:
+                print(text, file=stream)
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe must not turn this exit into a traceback
+            pass
     os._exit(int(code))
 
 
@@ -262,26 +336,29 @@ def worker_entry(argv: list[str]) -> int:
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
         train(rank, world_size, cfg)
-    except CheckpointError as err:
-        _exit(ExitCode.CHECKPOINT, f"[rank {rank}] checkpoint error: {err}")
+    except CheckpointError as err:  # an error every rank raised is printed once, by rank 0
+        _exit(ExitCode.CHECKPOINT, f"[rank {rank}] checkpoint error: {err}" if rank == 0 or not err.every_rank
+              else None)
     except ValueError as err:
         _exit(ExitCode.USAGE, f"[rank {rank}] {err}")
-    except KeyboardInterrupt:
-        _exit(ExitCode.INTERRUPTED, f"[rank {rank}] interrupted")
+    except KeyboardInterrupt:  # the launcher prints the one line
+        _exit(ExitCode.INTERRUPTED, None)
     except Exception as err:  # every failure must become an exit code, never a hang
         where = f" in step {err.fsdp_lab_step}" if getattr(err, "fsdp_lab_step", None) else ""
         if _is_collective_error(err):
+            first = (str(err).strip().splitlines() or [""])[-1]
+            if "timed out" in str(err).lower():
+                _exit(RANK_COLLECTIVE_TIMEOUT, f"[rank {rank}] a collective timed out{where}: a peer did not "
+                                               f"answer within --timeout {cfg.timeout:g} s ({first})")
             _exit(ExitCode.RANK_FAILED, f"[rank {rank}] a collective failed{where} (a peer rank died, or did not "
-                                        f"answer within --timeout {cfg.timeout:g} s): {err}")
+                                        f"answer within --timeout {cfg.timeout:g} s): {first}")
         traceback.print_exc()
         _exit(ExitCode.ERROR, f"[rank {rank}] crashed{where}: {type(err).__name__}: {err}")
     dist.destroy_process_group()
     # The work is done and flushed. Skip interpreter teardown: a native thread dying there (seen once as
     # "terminate called without an active exception", SIGABRT after a complete run) would turn a finished job
     # into a failed one.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(int(ExitCode.OK))
+    _exit(ExitCode.OK, None)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slic
 
 @dataclass(frozen=True)
 class DemoStep:
-    step: int
+    step: int  # 1..N, as in `fsdp-lab train`: step s trains on batch_for_step(..., s - 1)
     loss: float
     reference_loss: float
     per_rank: tuple  # (params_sharded, grads_sharded, optimizer_state) bytes, one triple per rank
@@ -69,5 +69,5 @@ def run_demo(world_size=2, preset="tiny", steps=5, global_batch=8, strategy="FUL
         raise ValueError(f"global batch {global_batch} must divide by world size {world_size}")
     per_rank = run_on_ranks(demo_rank, world_size, preset, steps, global_batch, strategy, lr, timeout_s=timeout_s)
     reference = reference_losses(preset, steps, global_batch, lr)
-    return [DemoStep(step, per_rank[0][step][0], reference[step],
-                     tuple(tuple(rows[step][1:]) for rows in per_rank)) for step in range(steps)]
+    return [DemoStep(i + 1, per_rank[0][i][0], reference[i],
+                     tuple(tuple(rows[i][1:]) for rows in per_rank)) for i in range(steps)]

@@ -6,10 +6,13 @@ traceback or exit code in the message, and every other rank is killed: nothing i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
+import signal
 import socket
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -25,6 +28,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def children_ignore_sigint():
+    """Processes started inside ignore SIGINT: a child inherits the ignored disposition and Python keeps it,
+    so Ctrl-C (sent by a terminal to the whole process group) reaches only the parent, which stops the
+    children itself, instead of every rank printing its own KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results):
@@ -58,8 +76,9 @@ def run_on_ranks(fn, world_size: int, *args, timeout_s: float = 180.0, backend: 
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, collective_timeout_s, threads,
                                                 args, results), daemon=True) for r in range(world_size)]
-    for p in procs:
-        p.start()
+    with children_ignore_sigint():
+        for p in procs:
+            p.start()
     outputs, deadline = {}, time.monotonic() + timeout_s
     try:
         while len(outputs) < world_size:

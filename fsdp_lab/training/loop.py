@@ -24,13 +24,14 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import checkpoint
-from fsdp_lab.checkpoint.files import read_latest
+from fsdp_lab.checkpoint.files import prune, read_latest
 from fsdp_lab.observe.trace import Tracer, rank_file
 from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.runtime.api import FSDP
 from fsdp_lab.runtime.mixed_precision import MixedPrecision
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
 from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.training.log_output import WarnOnceWriter
 from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
 
 
@@ -56,6 +57,8 @@ class TrainConfig:
     resume: Optional[str] = None  # "latest" (in checkpoint_dir) or a checkpoint path
     export: Optional[str] = None
     progress: bool = True
+    log_every: int = 0  # 0: every step without a progress bar, every AUTO_LOG_EVERY steps beside one
+    keep_last: int = 0  # 0: keep every checkpoint; K: remove all but the newest K after each save
 
     def __post_init__(self):
         for flag, value, allowed in (("preset", self.preset, tuple(PRESETS)),
@@ -71,6 +74,11 @@ class TrainConfig:
         for flag, value in (("lr", self.lr), ("timeout", self.timeout)):
             if not 0 < value < float("inf"):
                 raise ValueError(f"--{flag}: expected a positive number, got {value!r}")
+        for flag, value in (("log-every", self.log_every), ("keep-last", self.keep_last)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"--{flag} {value!r}: expected 0 or a positive integer")
+        if self.keep_last and not self.checkpoint_dir:
+            raise ValueError("--keep-last needs --checkpoint-dir (where the checkpoints are)")
         if self.checkpoint_every < 0:
             raise ValueError(f"--checkpoint-every {self.checkpoint_every}: expected 0 or a positive number of steps")
         if self.checkpoint_every and not self.checkpoint_dir:
@@ -93,6 +101,8 @@ class TrainConfig:
                 argv += [flag, str(value)]
         return argv
 
+
+AUTO_LOG_EVERY = 10  # a log line every 10 steps when a progress bar shows the others
 
 FAULT_ENV = "FSDP_LAB_FAULT"
 FAULT_EXIT = 17
@@ -216,34 +226,50 @@ def _step(model, optimizer, cfg: TrainConfig, step: int, rank: int, world_size: 
             "memory": _memory(model, optimizer, tracer, device)}
 
 
+def show_progress_bar(cfg: TrainConfig, rank: int, stream=None) -> bool:
+    """tqdm only on rank 0 and only on a terminal: in a log file or a pipe its frames are noise."""
+    stream = stream or sys.stderr
+    return rank == 0 and cfg.progress and hasattr(stream, "isatty") and stream.isatty()
+
+
+def log_interval(cfg: TrainConfig, bar_shown: bool) -> int:
+    return cfg.log_every or (AUTO_LOG_EVERY if bar_shown else 1)
+
+
 def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
     """Train on an initialised process group; return one record per step run (the same on every rank)."""
     from tqdm import tqdm
 
-    out = out or sys.stdout
     fault = Fault.from_env()
     if cfg.global_batch % world_size:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))  # one GPU per rank; with gloo, ranks may share GPUs
     device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cfg.device == "cuda" else None
     device = device or torch.device("cpu")
+    console = WarnOnceWriter(out or sys.stdout, "the training log to stdout") if rank == 0 else WarnOnceWriter(None, "")
     model, optimizer = build(cfg, device)
-    start = _resume(cfg, model, optimizer, (lambda text: print(text, file=out, flush=True)) if rank == 0
-                    else (lambda text: None))
+    start = _resume(cfg, model, optimizer, console.write_line)
     tracer = _PeakTracer(rank_file(cfg.trace, rank) if cfg.trace else None, rank=rank, model=model,
                          optimizer=optimizer, keep_in_memory=False)
     tracer.step = start
     if cfg.trace or device.type == "cpu":  # per-event memory accounting costs CPU time; on CUDA ask the allocator
         model.set_tracer(tracer)
-    log = None
+    log = WarnOnceWriter(None, "")
     if cfg.json_log and rank == 0:
         Path(cfg.json_log).parent.mkdir(parents=True, exist_ok=True)
-        log = open(cfg.json_log, "a" if start else "w", encoding="utf-8")
+        log = WarnOnceWriter(open(cfg.json_log, "a" if start else "w", encoding="utf-8"), f"--json-log {cfg.json_log}")
+    bar_shown = show_progress_bar(cfg, rank)
+    every = log_interval(cfg, bar_shown)
     bar = tqdm(total=cfg.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True,
-               disable=rank != 0 or not cfg.progress)
+               disable=not bar_shown)
+
+    def say(text: str) -> None:
+        with tqdm.external_write_mode(file=sys.stderr):  # lift the bar off the terminal while the line prints
+            console.write_line(text)
+
     records, step = [], start
-    if start >= cfg.steps and rank == 0:
-        bar.write(f"the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to train", file=out)
+    if start >= cfg.steps:
+        say(f"the checkpoint is at step {start} and --steps is {cfg.steps}: nothing to train")
     try:
         for step in range(start + 1, cfg.steps + 1):
             record = _step(model, optimizer, cfg, step, rank, world_size, device, tracer, fault)
@@ -252,26 +278,28 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
                 mem = record["memory"]
                 peak = f"cuda peak {mem['cuda_max_allocated'] / 2**20:,.1f} MiB" if "cuda_max_allocated" in mem \
                     else f"fsdp state peak {mem['peak_total'] / 2**20:,.2f} MiB"
-                bar.write(f"step {step:>5}/{cfg.steps}  loss {record['loss']:.4f}  {record['tokens_per_s']:>9,.0f} "
-                          f"tok/s  {record['step_time_s'] * 1000:7.1f} ms  {peak}", file=out)
-                if log:
-                    log.write(json.dumps(record) + "\n")
-                    log.flush()
+                if step == start + 1 or step == cfg.steps or step % every == 0:
+                    say(f"step {step:>5}/{cfg.steps}  loss {record['loss']:.4f}  {record['tokens_per_s']:>9,.0f} "
+                        f"tok/s  {record['step_time_s'] * 1000:7.1f} ms  {peak}")
+                log.write_line(json.dumps(record))
             bar.update(1)
-            every = cfg.checkpoint_every
-            if cfg.checkpoint_dir and (step == cfg.steps or (every and step % every == 0)):
+            checkpoint_every = cfg.checkpoint_every
+            if cfg.checkpoint_dir and (step == cfg.steps or (checkpoint_every and step % checkpoint_every == 0)):
                 factory = functools.partial(_dying_writer, fault, rank, step) if fault else None
                 t0 = time.perf_counter()
                 path = checkpoint.save(model, optimizer, cfg.checkpoint_dir, step,
                                        extra={"train_config": asdict(cfg)}, writer_factory=factory)
                 if rank == 0:
-                    bar.write(f"saved {path} in {time.perf_counter() - t0:.2f} s", file=out)
+                    removed = prune(cfg.checkpoint_dir, cfg.keep_last) if cfg.keep_last else []
+                    note = f"; removed {', '.join(p.name for p in removed)} (--keep-last {cfg.keep_last})" \
+                        if removed else ""
+                    say(f"saved {path} in {time.perf_counter() - t0:.2f} s{note}")
         if cfg.export:
             state = checkpoint.full_state_dict(model)
             if rank == 0:
                 Path(cfg.export).parent.mkdir(parents=True, exist_ok=True)
                 torch.save(state, cfg.export)
-                bar.write(f"exported the full state dict ({len(state)} tensors) to {cfg.export}", file=out)
+                say(f"exported the full state dict ({len(state)} tensors) to {cfg.export}")
     except BaseException as err:
         err.fsdp_lab_step = step  # the worker names the step in its one-line error
         raise
@@ -279,7 +307,5 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
         bar.close()
         model.set_tracer(None)
         tracer.close()
-        if log:
-            log.close()
+        log.close()
     return records
-

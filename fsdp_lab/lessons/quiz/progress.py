@@ -7,9 +7,11 @@ version), the learner is told where it went, and a fresh file starts. Nothing is
 
 A class's progress files, gathered for the instructor: one row per learner × chapter.
 
-`score` is the learner's best attempt on that chapter (partial attempts included), `max` the chapter's
-question count at that attempt, `attempts` how many were recorded and `last_attempt` when the latest
-finished (UTC, ISO 8601). Files that cannot be read are reported and skipped; they never stop the export.
+`file` is the progress file's path under the class folder: it tells learners apart (several may share a
+name, or the default login "root"). `score` is the learner's best attempt on that chapter (partial attempts
+included), `max` the chapter's question count at that attempt, `attempts` how many were recorded (an attempt
+with nothing answered does not count) and `last_attempt` when the latest finished (UTC, ISO 8601). Files that
+cannot be read are reported and skipped; they never stop the export.
 """
 from __future__ import annotations
 
@@ -143,16 +145,34 @@ class ProgressStore:
     def save(self, progress: Progress) -> None:
         write_atomic(self.path, json.dumps(progress.to_json(self.clock()), ensure_ascii=False, indent=1) + "\n")
 
-    def record(self, attempt: Attempt, learner: str | None = None) -> str | None:
-        """Append one attempt and save; returns the notice from loading (a moved-aside file), if any."""
+    def record(self, attempt: Attempt, learner: str | None = None, replaces: Attempt | None = None) -> str | None:
+        """Append one attempt and save; returns the notice from loading (a moved-aside file), if any.
+        `replaces`: a partial attempt this one continued, removed so the sitting counts once."""
         progress, notice = self.load(learner)
+        if replaces is not None:
+            progress.attempts = [a for a in progress.attempts
+                                 if (a.chapter, a.started, a.finished) != (replaces.chapter, replaces.started,
+                                                                          replaces.finished)]
         progress.attempts.append(attempt)
         self.save(progress)
         return notice
 
 
+def counts(attempt: Attempt) -> bool:
+    """An attempt with nothing answered (opened, then left at once) is no attempt."""
+    return attempt.answered > 0
+
+
+def resumable(progress: Progress, chapter: str) -> Attempt | None:
+    """The chapter's latest attempt if it was cut short with answers given, else None."""
+    tries = [a for a in progress.attempts if a.chapter == chapter and counts(a)]
+    latest = max(tries, key=lambda a: a.finished, default=None)
+    return latest if latest is not None and not latest.complete and latest.answered < latest.total else None
+
+
 @dataclass(frozen=True)
 class Row:
+    file: str
     name: str
     chapter: str
     score: float
@@ -164,15 +184,17 @@ class Row:
 COLUMNS = tuple(f.name for f in fields(Row))
 
 
-def rows_for(path: Path) -> list[Row]:
+def rows_for(path: Path, root: Path | None = None) -> list[Row]:
     """Rows of one progress file (ProgressFileError if it is unreadable); name falls back to the file name."""
     progress = read_progress(path)
     name = progress.learner or path.stem
+    file = path.relative_to(root).as_posix() if root is not None else path.name
+    attempts = [a for a in progress.attempts if counts(a)]
     rows = []
-    for chapter in sorted({a.chapter for a in progress.attempts}):
-        tries = [a for a in progress.attempts if a.chapter == chapter]
+    for chapter in sorted({a.chapter for a in attempts}):
+        tries = [a for a in attempts if a.chapter == chapter]
         best = max(tries, key=lambda a: (a.score, a.finished))
-        rows.append(Row(name=name, chapter=chapter, score=best.score, max=best.max, attempts=len(tries),
+        rows.append(Row(file=file, name=name, chapter=chapter, score=best.score, max=best.max, attempts=len(tries),
                         last_attempt=max(a.finished for a in tries)))
     return rows
 
@@ -186,12 +208,12 @@ def collect(directory: str | Path) -> tuple[list[Row], list[str]]:
     problems: list[str] = []
     for path in sorted(directory.rglob("*.json")):
         try:
-            rows += rows_for(path)
+            rows += rows_for(path, directory)
         except ProgressFileError as exc:
             problems.append(str(exc))
         except OSError as exc:
             problems.append(f"{path}: cannot read: {exc}")
-    rows.sort(key=lambda r: (r.name, r.chapter))
+    rows.sort(key=lambda r: (r.name, r.file, r.chapter))
     return rows, problems
 
 

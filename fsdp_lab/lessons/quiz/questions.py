@@ -202,8 +202,8 @@ _EN = {
              " ÷ number of right options, never below 0; single choice is right or wrong."),
     "question": "Q{number}/{total} [{type} · {difficulty}]",
     "single": "single choice", "multi": "multiple choice, select all that apply",
-    "ask_single": "Your answer (one letter {span}): ",
-    "ask_multi": "Your answer (one or more letters {span}, e.g. AB): ",
+    "ask_single": "Your answer (one letter {span}; q to quit): ",
+    "ask_multi": "Your answer (one or more letters {span}, e.g. AB; q to quit): ",
     "retype": "Not accepted: {reason}. Please try again.",
     "empty": "no answer given: type a letter {span}",
     "not_option": "{bad} is not an option here: type letters {span}",
@@ -222,6 +222,12 @@ _EN = {
     "chapters": "Chapters (fsdp-lab quiz NN to start one):",
     "best": "best {score} / {max}, {attempts} attempt(s)",
     "never": "not tried yet",
+    "resume": "You stopped this chapter after {answered} of {total} questions ({when}). Resume there? [Y/n] ",
+    "resume_retype": "Please type y (resume) or n (start over).",
+    "resumed": "Resuming: {answered} answers restored, {left} question(s) left.",
+    "nothing": "Nothing was answered, so no attempt is recorded.",
+    "interrupted": "interrupted (Ctrl-C); {answered} of {total} answers saved to {path}; run the same command "
+                   "again to resume",
 }
 _ZH = {
     "header": "第 {key} 章 · {title} — 共 {n} 题",
@@ -229,8 +235,8 @@ _ZH = {
              "最低 0 分；单选题只分对错。"),
     "question": "第 {number}/{total} 题 [{type} · {difficulty}]",
     "single": "单选题", "multi": "多选题",
-    "ask_single": "你的答案（一个字母 {span}）：",
-    "ask_multi": "你的答案（一个或多个字母 {span}，如 AB）：",
+    "ask_single": "你的答案（一个字母 {span}；输入 q 退出）：",
+    "ask_multi": "你的答案（一个或多个字母 {span}，如 AB；输入 q 退出）：",
     "retype": "无法接受：{reason}。请重新输入。",
     "empty": "没有输入答案：请输入字母 {span}",
     "not_option": "{bad} 不是本题的选项：请输入字母 {span}",
@@ -249,6 +255,11 @@ _ZH = {
     "chapters": "章节（用 fsdp-lab quiz NN 开始）：",
     "best": "最好成绩 {score} / {max}，共 {attempts} 次",
     "never": "尚未作答",
+    "resume": "你上次在本章答了 {answered}/{total} 题后停下（{when}）。从那里继续吗？[Y/n] ",
+    "resume_retype": "请输入 y（继续）或 n（重新开始）。",
+    "resumed": "继续作答：已恢复 {answered} 个答案，还剩 {left} 题。",
+    "nothing": "没有作答任何题目，本次不计为一次尝试。",
+    "interrupted": "已中断（Ctrl-C）；已答 {answered}/{total} 题，答案保存在 {path}；再次运行同一命令即可继续",
 }
 MESSAGES = MappingProxyType({"en": MappingProxyType(_EN), "zh": MappingProxyType(_ZH)})
 assert _EN.keys() == _ZH.keys(), sorted(_EN.keys() ^ _ZH.keys())

@@ -3,16 +3,17 @@ with a message that says what would be accepted, so the terminal can ask again.
 
 The quiz in a terminal: question, options, a prompt that re-asks on bad input, feedback, a score.
 
-It reads lines from any text stream, so tests pipe answers through stdin. End of input (or `q`) stops the
-run cleanly; the caller then saves the partial attempt.
+It reads lines from any text stream, so tests pipe answers through stdin. End of input, `q` or Ctrl-C stops
+the run; the caller then saves the partial attempt, and the next run offers to resume it (`resume_from`).
 """
 from __future__ import annotations
 
 import re
 from typing import TextIO
 
+from fsdp_lab.lessons.quiz.progress import Attempt
+from fsdp_lab.lessons.quiz.questions import LETTERS, AnswerFormatError, QuestionType, msg, points
 from fsdp_lab.lessons.quiz.scoring import QuizRun
-from fsdp_lab.lessons.quiz.questions import AnswerFormatError, QuestionType, msg, points
 
 _SEPARATORS = re.compile(r"[\s,，、;；/]+")
 
@@ -64,14 +65,52 @@ def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str |
             out.write(msg(run.lang, "retype", reason=exc) + "\n")
 
 
+def offer_resume(partial: Attempt, lang: str, inp: TextIO, out: TextIO, echo: bool) -> bool:
+    """Ask whether to continue `partial`; Enter or y resumes, n starts over, end of input starts over."""
+    while True:
+        out.write(msg(lang, "resume", answered=partial.answered, total=partial.total, when=partial.finished))
+        out.flush()
+        line = inp.readline()
+        if not line:
+            out.write("\n")
+            return False
+        if echo:
+            out.write(line if line.endswith("\n") else line + "\n")
+        reply = line.strip().lower()
+        if reply in ("", "y", "yes", "是"):
+            return True
+        if reply in ("n", "no", "否"):
+            return False
+        out.write(msg(lang, "resume_retype") + "\n")
+
+
+def resume_from(run: QuizRun, partial: Attempt) -> int:
+    """Put `partial`'s answers (saved in the bank's letters) into `run`, whatever its shuffle; answers to
+    questions no longer in the chapter, or with letters it no longer has, are dropped. Returns how many."""
+    restored = 0
+    for index, shown in enumerate(run.shown):
+        saved = partial.answers.get(shown.question.id)
+        if not saved or not saved.get("chosen"):
+            continue
+        originals = {LETTERS.index(c) for c in saved["chosen"] if c in LETTERS}
+        if not originals or max(originals) >= len(shown.options):
+            continue
+        run.submit(index, shown.to_shown(originals))
+        restored += 1
+    return restored
+
+
 def run_terminal(run: QuizRun, inp: TextIO, out: TextIO, echo: bool = False) -> bool:
-    """Ask every question of `run` in order; True if all were answered, False if input ended first.
+    """Ask every question of `run` not answered yet, in order; True if all are answered, False if input ended
+    (or `q` was typed) first. Ctrl-C propagates as KeyboardInterrupt; `run` keeps the answers given so far.
 
     `echo` writes each typed line back, so a transcript of piped input reads like a session."""
     lang = run.lang
     out.write(msg(lang, "header", key=run.chapter.key, title=run.chapter.title.get(lang), n=len(run)) + "\n")
     out.write(msg(lang, "rule") + "\n\n")
     for index, shown in enumerate(run.shown):
+        if index in run.answers:  # restored from an interrupted attempt
+            continue
         q = shown.question
         out.write(msg(lang, "question", number=shown.number, total=len(run), type=msg(lang, q.type.value),
                       difficulty=q.difficulty.value) + " " + shown.prompt + "\n")

@@ -1,0 +1,164 @@
+"""Ctrl-C, SIGTERM and a stdout closed early, sent to the real commands in subprocesses.
+
+Each command runs in its own session (start_new_session=True) and the signal goes to its whole process group,
+as a terminal's Ctrl-C does. Every test has a hard timeout; the checks are the exit code, that stderr is one
+line without a traceback, and that nothing was lost (the last complete checkpoint, the quiz answers).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fsdp_lab.checkpoint import files
+from fsdp_lab.lessons.quiz.progress import read_progress
+
+REPO = Path(__file__).resolve().parents[1]
+HARD_TIMEOUT = 120
+KEY = ["A", "B", "B", "C", "AB", "C", "AB", "A", "A", "AB"]  # chapter 10, authoring order
+
+
+def start(*argv, stdin=None, env=None):
+    return subprocess.Popen([sys.executable, "-m", "fsdp_lab", *map(str, argv)], cwd=REPO, text=True,
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+
+
+def read_until(stream, needle: str, deadline: float) -> list[str]:
+    lines = []
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} never appeared; got {lines}")
+
+
+def children_of(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def wait_for_children(proc, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if children_of(proc.pid):
+            time.sleep(0.5)  # let them get going
+            return
+        time.sleep(0.1)
+    raise AssertionError("the command never started its ranks")
+
+
+def stop(proc, sig):
+    os.killpg(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=HARD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode, out, err
+
+
+def assert_one_line(err: str, needle: str):
+    assert "Traceback" not in err and "SignalException" not in err, err
+    assert "torch/distributed/elastic" not in err, err  # torchrun's own W/E log lines stay out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, sig, code, word):
+    ck = tmp_path / "ck"
+    proc = start("train", "--nproc-per-node", 2, "--steps", 500, "--checkpoint-dir", ck, "--checkpoint-every", 1,
+                 "--no-progress", "--timeout", 60)
+    deadline = time.monotonic() + HARD_TIMEOUT
+    try:
+        read_until(proc.stdout, "saved", deadline)  # step 1 is on disk
+    finally:
+        returncode, _out, err = stop(proc, sig)
+    assert returncode == code, err
+    assert_one_line(err, f"fsdp-lab train: {word}: all ranks stopped; last complete checkpoint: {ck}")
+    latest = files.read_latest(ck)
+    assert latest is not None and int(latest.name.split("_")[1]) >= 1
+    assert not children_of(proc.pid)
+    meta = json.loads((latest / files.META_FILE).read_text())
+    assert files.verify_checksums(latest, meta) == []  # the kept checkpoint is whole
+
+
+def test_sigterm_while_a_369m_run_starts_prints_the_estimate_then_exits_143():
+    """The banner says before any rank starts that a 369M step on CPU takes minutes."""
+    proc = start("train", "--preset", "369m", "--nproc-per-node", 1, "--steps", 1, "--global-batch", 1)
+    deadline = time.monotonic() + HARD_TIMEOUT
+    try:
+        lines = read_until(proc.stdout, "estimate:", deadline)
+    finally:
+        returncode, _out, err = stop(proc, signal.SIGTERM)
+    assert "GPT '369m' (370.2M parameters), 1 rank(s) on cpu" in lines[0]
+    assert " per step, at least (6·Φ·tokens = " in lines[-1] and "GFLOP/s" in lines[-1]
+    assert returncode == 143, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["demo", "--steps", 200],
+    ["check", "--timeout", 100],
+    ["bench", "--rounds", 50, "--steps-per-round", 5, "--modes", "fsdp_lab"],
+], ids=["demo", "check", "bench"])
+def test_ctrl_c_on_commands_that_spawn_ranks_is_one_line(argv):
+    proc = start(*argv)
+    deadline = time.monotonic() + HARD_TIMEOUT
+    try:
+        wait_for_children(proc, deadline)
+    finally:
+        returncode, _out, err = stop(proc, signal.SIGINT)
+    assert returncode == 130, err
+    assert_one_line(err, f"fsdp-lab {argv[0]}: interrupted (Ctrl-C)")
+    time.sleep(0.5)
+    assert not children_of(proc.pid)
+
+
+def test_ctrl_c_in_quiz_saves_the_answers_and_the_next_run_resumes(tmp_path):
+    progress = tmp_path / "p.json"
+    proc = start("quiz", "10", "--progress", progress, stdin=subprocess.PIPE, env={"HOME": str(tmp_path)})
+    proc.stdin.write("A\nB\n")
+    proc.stdin.flush()
+    deadline = time.monotonic() + HARD_TIMEOUT
+    try:
+        read_until(proc.stdout, "Q3/10", deadline)
+    finally:
+        returncode, _out, err = stop(proc, signal.SIGINT)
+    assert returncode == 130, err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.strip()] == [
+        f"fsdp-lab quiz: interrupted (Ctrl-C); 2 of 10 answers saved to {progress}; run the same command again "
+        f"to resume"]
+    attempt, = read_progress(progress).attempts
+    assert (attempt.answered, attempt.complete, attempt.score) == (2, False, 2.0)
+
+    again = subprocess.run([sys.executable, "-m", "fsdp_lab", "quiz", "10", "--progress", str(progress)],
+                           input="y\n" + "\n".join(KEY[2:]) + "\n", capture_output=True, text=True, cwd=REPO,
+                           timeout=HARD_TIMEOUT, env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert again.returncode == 0, again.stderr
+    assert "You stopped this chapter after 2 of 10 questions" in again.stdout
+    assert "Resuming: 2 answers restored, 8 question(s) left." in again.stdout
+    assert "Q1/10" not in again.stdout and "Score: 10 / 10 (100%)" in again.stdout
+    attempt, = read_progress(progress).attempts  # the resumed sitting replaced the partial one
+    assert (attempt.answered, attempt.complete, attempt.score) == (10, True, 10.0)
+
+
+@pytest.mark.parametrize("argv", [["memory"], ["demo", "--steps", 2], ["quiz", "10"], ["check", "--no-gloo"]],
+                         ids=["memory", "demo", "quiz", "check"])
+def test_stdout_closed_early_is_not_a_traceback(argv, tmp_path):
+    command = " ".join(map(str, [sys.executable, "-m", "fsdp_lab", *argv, "--progress" if argv[0] == "quiz" else "",
+                                 tmp_path / "p.json" if argv[0] == "quiz" else ""]))
+    done = subprocess.run(["bash", "-c", f"printf 'A\\nB\\n' | {command} | head -n 0; echo \"${{PIPESTATUS[1]}}\""],
+                          capture_output=True, text=True, cwd=REPO, timeout=HARD_TIMEOUT,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert done.stdout.strip() == "141", done.stderr  # 128 + SIGPIPE, what a shell shows for a broken pipe
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
