@@ -71,8 +71,19 @@ def _silence_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # Building the parser imports the subcommands (and torch, for some). A KeyboardInterrupt raised inside an
+    # import can come out as an ImportError (numpy turns it into one) or be swallowed, so a Ctrl-C pressed now
+    # is only noted, and acted on once the imports are done.
+    interrupted = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        print("fsdp-lab: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return exit_codes.INTERRUPTED
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

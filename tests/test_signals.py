@@ -123,6 +123,21 @@ def test_ctrl_c_on_commands_that_spawn_ranks_is_one_line(argv):
     assert not children_of(proc.pid)
 
 
+@pytest.mark.parametrize("delay_s", [0.05, 0.3, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(delay_s):
+    """Before any subcommand runs: the parser imports the subcommands (and torch for some). The signal is sent
+    once the child is running Python (a signal that lands before exec is lost with the forked parent's
+    handler), then `delay_s` later."""
+    proc = start("demo", "--steps", 200)
+    deadline = time.monotonic() + 30
+    while b"fsdp_lab" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(delay_s)
+    returncode, _out, err = stop(proc, signal.SIGINT)
+    assert returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "interrupted (Ctrl-C)" in err, err
+
+
 def test_ctrl_c_in_quiz_saves_the_answers_and_the_next_run_resumes(tmp_path):
     progress = tmp_path / "p.json"
     proc = start("quiz", "10", "--progress", progress, stdin=subprocess.PIPE, env={"HOME": str(tmp_path)})

@@ -34,15 +34,19 @@ def free_port() -> int:
 def children_ignore_sigint():
     """Processes started inside ignore SIGINT: a child inherits the ignored disposition and Python keeps it,
     so Ctrl-C (sent by a terminal to the whole process group) reaches only the parent, which stops the
-    children itself, instead of every rank printing its own KeyboardInterrupt traceback."""
+    children itself, instead of every rank printing its own KeyboardInterrupt traceback. The parent blocks
+    SIGINT meanwhile rather than dropping it: a Ctrl-C pressed while the ranks start is delivered (as
+    KeyboardInterrupt) once the block ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results):
