@@ -50,6 +50,8 @@ def _resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
             raise ValueError(f"module is on {sorted(map(str, devices))} but device_id is {target}; "
                              f"move it to {target} or to CPU first")
         module.to(target)
+        if target.type == "cuda":  # event waits, NCCL and DCP's object collectives use the current device
+            torch.cuda.set_device(target)
         return target
     if len(devices) > 1:
         by_dev = {}
