@@ -75,7 +75,7 @@ class Unit:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
             flat.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
-            flat.replica_grad = None  # ZeRO-1: the replicated, all-reduced fp32 gradient
+            flat.replica_grad = None  # ZeRO-1: the replicated fp32 gradient (its own chunk reduced)
         if any(g.persistent_full for g in flats):
             for g in flats:
                 g.install_views()
