@@ -5,8 +5,9 @@
     PYTHONPATH=. python3 benchmarks/gpu_checks.py --cpu-smoke                       # same code on CPU/gloo
 
 World size 1 runs on NCCL (parity with FSDP2 in bf16 and fp32, unsharded memory released between units, gather
-overlapping compute in a profile, no host sync in a step); then two ranks share the GPU over gloo for the bf16
-parity check (NCCL refuses two ranks on one GPU). The checks live in fsdp_lab/bench/gpu_checks.py.
+overlapping compute in a profile, no host sync in a step, resuming fused AdamW, ZeRO-1 with fused AdamW); then
+two ranks share the GPU over gloo for the bf16 parity and ZeRO-1 checks (NCCL refuses two ranks on one GPU), which
+run the collective path with CUDA tensors on the side streams. The checks live in fsdp_lab/bench/gpu_checks.py.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ if str(REPO) not in sys.path:
 
 import torch  # noqa: E402
 
-from fsdp_lab.bench.gpu_checks import WORLD1_CHECKS, run_checks  # noqa: E402
+from fsdp_lab.bench.gpu_checks import MULTI_RANK_CHECKS, WORLD1_CHECKS, run_checks  # noqa: E402
 from fsdp_lab.training.launch import run_on_ranks  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
     lines = [f"gpu_checks {time.strftime('%Y-%m-%d %H:%M:%S %Z')} torch {torch.__version__} "
              + (f"cuda {torch.version.cuda} {torch.cuda.get_device_name(0)}" if cuda else "cpu smoke")]
     launches = [("world 1, " + ("nccl" if cuda else "gloo"), 1, "nccl" if cuda else "gloo", list(WORLD1_CHECKS)),
-                ("world 2, gloo" + (" on one GPU" if cuda else ""), 2, "gloo", ["parity_bf16"])]
+                ("world 2, gloo" + (" on one GPU" if cuda else ""), 2, "gloo", list(MULTI_RANK_CHECKS))]
     failed = 0
     for label, world, backend, names in launches:
         start = time.perf_counter()

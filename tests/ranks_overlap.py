@@ -96,7 +96,7 @@ def prefetch_trace(rank, world_size, forward_prefetch, backward_prefetch, limit=
     losses = _train(rank, world_size, model, base, steps=2)
     model.set_tracer(None)
     return {"events": spy.events, "block1_during_block0": seen, "losses": losses,
-            "async_comm": model._ctx.async_comm, "max_in_flight": model._ctx.max_gathers_in_flight,
+            "max_in_flight": model._ctx.max_gathers_in_flight,
             "states_after": [u.state.name for u in model.units], "params": _full_params(model)}
 
 
@@ -113,10 +113,10 @@ class FakeCuda:
         self.default = self.Stream(name="compute")
         self._current = self.default
 
-    def Stream(self, device=None, name=None):  # noqa: N802 (mirrors torch.cuda.Stream)
+    def Stream(self, device=None, priority=0, name=None):  # noqa: N802 (mirrors torch.cuda.Stream)
         fake = self
         index = sum(1 for e in self.log if e.get("kind") == "new_stream")
-        self.log.append({"kind": "new_stream"})
+        self.log.append({"kind": "new_stream", "index": index, "priority": priority})
 
         class _Stream:
             label = name or ("gather" if index == 1 else "reduce")
@@ -153,7 +153,9 @@ class _Event:
         self.fake, self.stream, self.id = fake, stream, index
 
     def wait(self, stream=None):
-        waiter = (stream or self.fake.current_stream()).label
+        """torch.cuda.Event.wait: without a stream, the *current* stream waits. Logged as None: the runtime must
+        always name the stream that waits."""
+        waiter = stream.label if stream is not None else None
         self.fake.log.append({"kind": "wait_event", "stream": waiter, "id": self.id, "of": self.stream})
 
 

@@ -1,13 +1,14 @@
 """Checks that only a GPU can answer (fsdp_lab/bench/gpu_checks.py): parity with FSDP2 in bf16 and fp32 on CUDA (world
 size 1 on NCCL, and two ranks over gloo on one GPU), no host sync in a steady-state step, unsharded memory released
-between units as seen by torch.cuda.memory_allocated, and gather kernels overlapping compute in a profile.
+between units as seen by torch.cuda.memory_allocated, gather kernels overlapping compute in a profile, resuming
+fused AdamW from a checkpoint, and ZeRO-1 with fused AdamW against one process.
 Without pytest, benchmarks/gpu_checks.py runs the same checks."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from fsdp_lab.bench.gpu_checks import WORLD1_CHECKS, run_checks
+from fsdp_lab.bench.gpu_checks import MULTI_RANK_CHECKS, WORLD1_CHECKS, run_checks
 from fsdp_lab.training.launch import run_on_ranks
 
 pytestmark = [pytest.mark.gpu,
@@ -26,5 +27,6 @@ def test_world1_nccl(name):
     _check([name])
 
 
-def test_parity_bf16_two_ranks_gloo_on_one_gpu():
-    _check(["parity_bf16"], world_size=2, backend="gloo")
+@pytest.mark.parametrize("name", MULTI_RANK_CHECKS)
+def test_two_gloo_ranks_on_one_gpu(name):
+    _check([name], world_size=2, backend="gloo")

@@ -121,8 +121,8 @@ def _root_regather_bytes(m, dtype) -> int:
 def test_bytes_sent_per_step_match_comm_bytes_per_step(measured, strategy, dtype):
     """Exact, per rank and per step. FULL_SHARD: formula − the root's skipped re-gather (module note). ZERO1: its
     all-gather refreshes the replicas after an optimizer step, and the runtime issues it lazily, at the next
-    step's gather; step 0 has nothing to refresh, so it sends the all-reduce alone and every later step the
-    formula's all-reduce + all-gather. SHARD_GRAD_OP and NO_SHARD match the formula in every step."""
+    step's gather; step 0 has nothing to refresh, so it sends the reduce-scatter alone and every later step the
+    formula's reduce-scatter + all-gather. SHARD_GRAD_OP and NO_SHARD match the formula in every step."""
     for m in measured[dtype][strategy]:
         predicted = F.comm_bytes_per_step(strategy, m["numel_padded_total"], WORLD, PARAM_BYTES[dtype],
                                           REDUCE_BYTES[dtype])

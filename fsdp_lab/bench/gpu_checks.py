@@ -149,6 +149,7 @@ def no_host_sync(rank, world_size) -> str:
 
     def step():
         model(x).backward()
+        model.clip_grad_norm_(1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -166,7 +167,8 @@ def no_host_sync(rank, world_size) -> str:
         plain.step(*batch)
         plain_result = _sync_free_steps(lambda: plain.step(*batch), device)
         gpt_result += f" (plain training of the same GPT: {plain_result})"
-    return f"Blocks under fsdp_lab: {stack_result}; whole GPT under fsdp_lab: {gpt_result}"
+        assert plain_result.startswith("SYNC"), f"whole GPT under fsdp_lab: {gpt_result}"
+    return f"Blocks under fsdp_lab (with clip_grad_norm_): {stack_result}; whole GPT under fsdp_lab: {gpt_result}"
 
 
 def memory_released(rank, world_size) -> str:
@@ -231,8 +233,77 @@ def overlap(rank, world_size, trace_dir=None) -> str:
     return detail
 
 
+def _state_dict_diff(a: dict, b: dict) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def resume_fused_adamw(rank, world_size) -> str:
+    """Save after 2 steps, load into a fresh model and optimizer, step once more: fused AdamW needs its `step`
+    on the GPU, which only a restore through optimizer.load_state_dict gives it. Against 3 straight steps."""
+    from fsdp_lab.checkpoint.sharded import full_state_dict, load, save
+
+    device = _device(rank)
+    kind = "fused" if device.type == "cuda" else "foreach"
+    cfg = PRESETS["tiny"]
+    batches = [[t.to(device) for t in batch_for_step(cfg, i, 4)] for i in range(3)]
+    directory = tempfile.mkdtemp() if rank == 0 else None
+    box = [directory]
+    dist.broadcast_object_list(box, src=0)
+    first = build_runner("fsdp_lab", cfg, device, kind, LR)
+    for x, y in batches[:2]:
+        first.step(x, y)
+    save(first.model, first.optimizer, box[0], step=2)
+    first.step(*batches[2])
+    straight = full_state_dict(first.model)
+    second = build_runner("fsdp_lab", cfg, device, kind, LR)
+    load(second.model, second.optimizer, box[0])
+    steps = {str(s["step"].device) for s in second.optimizer.state.values()}
+    second.step(*batches[2])
+    resumed = full_state_dict(second.model)
+    if rank != 0:
+        return "resumed (rank 0 compares)"
+    diff = _state_dict_diff(resumed, straight)
+    detail = f"{kind} AdamW, restored step on {sorted(steps)}, resumed vs straight max diff {diff:.2e} (tol 1e-5)"
+    assert diff <= 1e-5, detail
+    return detail
+
+
+def zero1_fused(rank, world_size) -> str:
+    """ZERO1 with fused AdamW (which bumps no version counter) against one process on the whole batch, fp32:
+    with several ranks this runs the reduce-scatter and the replica all-gather on CUDA tensors."""
+    from fsdp_lab.checkpoint.sharded import full_state_dict
+    from fsdp_lab.runtime import ShardingStrategy
+
+    device = _device(rank)
+    kind = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    cfg = PRESETS["tiny"]
+    with torch.device(device):
+        model = FSDP(build_gpt("tiny"), sharding_strategy=ShardingStrategy.ZERO1,
+                     auto_wrap_policy=ModuleWrapPolicy({Block}))
+        ref = build_gpt("tiny")
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, **kind)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=LR, **kind)
+    for step in range(STEPS):
+        x, y = (t.to(device) for t in batch_for_step(cfg, step, 4 * world_size))
+        model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        ref(x, y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+    exported = full_state_dict(model)
+    if rank != 0:
+        return "trained (rank 0 compares)"
+    diff = _state_dict_diff(exported, {k: v.cpu() for k, v in ref.state_dict().items()})
+    detail = f"ZERO1 {list(kind)[0]} AdamW, world {world_size} vs one process: max diff {diff:.2e} (tol 1e-5)"
+    assert diff <= 1e-5, detail
+    return detail
+
+
 WORLD1_CHECKS = {"parity_bf16": parity_bf16, "parity_fp32": parity_fp32, "memory_released": memory_released,
-                 "overlap": overlap, "no_host_sync": no_host_sync}
+                 "overlap": overlap, "no_host_sync": no_host_sync,
+                 "resume_fused_adamw": resume_fused_adamw, "zero1_fused": zero1_fused}
+MULTI_RANK_CHECKS = ["parity_bf16", "zero1_fused"]  # two gloo ranks sharing one GPU
 
 
 def run_checks(rank: int, world_size: int, names: list[str]) -> list[dict]:

@@ -13,8 +13,8 @@ S = ceil(numel/N): exactly the unpadded front of its shard, and exactly torch.ch
 what DTensor's Shard(0) means, so the piece is a view and nothing is copied. AdamW's exp_avg and exp_avg_sq
 (same shape as the shard) are saved the same way; its `step` as a plain replicated tensor. Loading on N' ranks,
 each rank asks DCP for its new piece and DCP reads the overlapping ranges of the old ones: 4 ranks → 2 ranks is
-a reshard, not a conversion. Replicated strategies load into their full copies (Replicate placement), so a
-FULL_SHARD checkpoint also resumes under NO_SHARD or ZERO1. The padding is zero and stays zero (its gradient is
+a reshard, not a conversion. NO_SHARD loads into its full copy (Replicate placement), ZERO1 into its shard (the
+next forward refreshes its replica), so a FULL_SHARD checkpoint also resumes under NO_SHARD or ZERO1. The padding is zero and stays zero (its gradient is
 zero), so it is simply left zero on load.
 
 Why not one entry per original parameter: a shard cuts parameters at arbitrary elements (half a row of a
@@ -88,11 +88,10 @@ def save_target(tensor: torch.Tensor, flat, ctx, mesh):
 
 
 def load_target(tensor: torch.Tensor, flat, ctx, mesh, is_param: bool):
-    """Where DCP writes a loaded buffer: this rank's piece, or the full copy a replicated strategy keeps."""
+    """Where DCP writes a loaded buffer: this rank's piece, or the full copy NO_SHARD keeps. ZERO1 loads its
+    shard like the sharded strategies: the next forward refreshes the replica from the shards."""
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return dtensor(tensor[:flat.numel], mesh, flat.numel, replicated=True)
-    if is_param and flat.replica is not None:  # ZERO1: the shard is a window onto the replicated master
-        return dtensor(flat.replica.data[:flat.numel], mesh, flat.numel, replicated=True)
     return dtensor(my_piece(tensor, flat, ctx), mesh, flat.numel, replicated=False)
 
 
@@ -326,17 +325,32 @@ def load(model, optimizer, path: str | os.PathLike) -> dict:
         dcp.load(state, storage_reader=reader, process_group=ctx.pg)
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"loading {step_dir} failed: {_one_line(err)}", every_rank=True) from err
+    restored = []  # (parameter, its state): the flat shard, or with use_orig_params each original parameter
     for flat, members, entry in loaded_optim:
         for p, start, length in members if entry else ():
             if p is flat.shard:
-                optimizer.state[p] = {name: value for name, (value, _) in entry.items()}
+                restored.append((p, {name: value for name, (value, _) in entry.items()}))
             elif length:  # an original parameter this rank holds none of has no state (it never gets a grad)
-                optimizer.state[p] = {name: value[start:start + length].clone() if per_element else value.clone()
-                                      for name, (value, per_element) in entry.items()}
+                restored.append((p, {name: value[start:start + length].clone() if per_element else value.clone()
+                                     for name, (value, per_element) in entry.items()}))
+    if optimizer is not None:
+        restore_optimizer_state(optimizer, restored)
+    for _key, _unit, flat in flats(model):
+        flat.replica_epoch = None  # ZERO1: only this rank's chunk of the replica was loaded
     if int(state["step"]) != meta["step"]:
         raise CheckpointError(f"{step_dir}: fsdp_lab.json says step {meta['step']}, the tensors say "
                               f"{int(state['step'])}")
     return meta
+
+
+def restore_optimizer_state(optimizer, loaded: list) -> None:
+    """Hand the loaded state to `optimizer.load_state_dict`, which puts each value on its parameter's device and
+    dtype (and `step` where fused or capturable AdamW needs it: a float32 on the GPU). Assigning the tensors
+    directly would leave `step` on the CPU, where fused AdamW on CUDA refuses it."""
+    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    current = optimizer.state_dict()
+    state = {index[id(p)]: entry for p, entry in loaded if entry}
+    optimizer.load_state_dict({"state": state, "param_groups": current["param_groups"]})
 
 
 # -- the consolidated model: from a live sharded model (collective) or from disk (one process) ------------
@@ -344,11 +358,10 @@ def _gather_master(flat, ctx) -> torch.Tensor:
     """The whole unpadded fp32 master of one flat flat, on every rank."""
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return flat.shard.detach()[:flat.numel]
-    if flat.replica is not None:
-        return flat.replica.detach()[:flat.numel]
+    # ZERO1 gathers its shards too: its replica is refreshed only at the next forward ([Note: ZeRO-1 replicas]
+    # in fsdp_lab/runtime/streams.py), so right after optimizer.step() it still holds other ranks' old chunks.
     full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
-    work, _bytes = all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
-    work.wait()
+    all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
     return full[:flat.numel]
 
 

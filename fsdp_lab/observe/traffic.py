@@ -7,7 +7,7 @@ an all-reduce sends 2·(N-1)/N·T. World size 1 moves nothing. The runtime hands
     gather_end      the forward all-gather of a unit (ZeRO-1: the all-gather of the updated fp32 masters)
     regather_end    the backward re-gather (all-gather) of a unit freed after forward
     reduce_scatter  a unit's gradient reduce-scatter
-    all_reduce      a unit's gradient all-reduce (NO_SHARD, ZERO1)
+    all_reduce      a unit's gradient all-reduce (NO_SHARD; ZERO1 reduce-scatters, as the ZeRO paper does)
 Every other event carries 0 bytes. A collective event that moved nothing (NO_SHARD's "gather" is a local copy;
 a world of one rank skips its collectives) is not communication and is left out. Summing these per (rank, step)
 gives what the article calls C_step (FSDP ≈ 3Φ) and C_DDP (≈ 2Φ); `CommSummary.ratio` puts two runs side by

@@ -50,6 +50,8 @@ def _resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
             raise ValueError(f"module is on {sorted(map(str, devices))} but device_id is {target}; "
                              f"move it to {target} or to CPU first")
         module.to(target)
+        if target.type == "cuda":  # event waits, NCCL and DCP's object collectives use the current device
+            torch.cuda.set_device(target)
         return target
     if len(devices) > 1:
         by_dev = {}
@@ -214,15 +216,16 @@ class FSDP(nn.Module):
         """[Note: per-iteration state is reset at the root's pre-forward] A backward that raised half-way (an
         OOM caught by the loop) never reaches the end-of-backward callback: autograd drops queued callbacks on
         error. Its units stay unsharded and its flags say "in backward". If no backward is running now, the next
-        forward frees those units, lets in-flight reductions finish without storing them, drops gradients
-        stashed by no_sync, and starts clean. The gradients already stored on the shards stay, as partial
+        forward frees those units, waits for the reductions already issued (their gradients are already on the
+        shards: reductions are synchronous on the reduce stream), drops gradients stashed by no_sync, and starts
+        clean. The gradients already stored on the shards stay, as partial
         gradients stay in .grad in one process: the loop zeroes them (optimizer.zero_grad()) before retrying."""
         ctx = self._ctx
         if not ctx.in_backward:
             return
         if torch._C._current_graph_task_id() != -1:
             raise RuntimeError("FSDP forward called while a backward is still running")
-        ctx.reduces.discard()
+        ctx.reduces.drain()
         for unit in self._units:
             unit.reset_abandoned_backward()
         ctx.in_backward = ctx.final_callback_queued = False

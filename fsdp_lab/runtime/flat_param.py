@@ -10,6 +10,12 @@ buffer (in the compute dtype) and the module's original attributes are views int
 storage to 0 bytes; gathering resizes it back and writes into it. Autograd's saved tensors are views of `full`,
 so after a re-gather in backward they see valid data again without being re-created. Writes go through
 `full.data`, whose version counter is separate, so autograd does not mistake a re-gather for an in-place edit.
+
+[Note: aligned offsets] Each parameter starts at an offset that is a multiple of 16 bytes in every dtype the
+buffer is held in (the fp32 master and the compute dtype: 4 elements in fp32, 8 when bf16 or fp16 is used too).
+A view at an unaligned address pushes cuBLAS and vectorised kernels onto slower paths. The gaps are zeros, like
+the end padding: their gradient is zero, so they stay zero. `numel` counts them (it is where the last parameter
+ends), so the byte accounting (fsdp_lab/runtime/memory.py, fsdp_lab/theory/formulas.py) includes them.
 """
 from __future__ import annotations
 
@@ -35,6 +41,14 @@ class ParamSlot:
         return self.aliases[0][2]
 
 
+ALIGN_BYTES = 16
+
+
+def align_elements(*dtypes: torch.dtype) -> int:
+    """Elements per ALIGN_BYTES in the narrowest of `dtypes`: a multiple of it is 16-byte aligned in all of them."""
+    return ALIGN_BYTES // min(torch.empty(0, dtype=d).element_size() for d in dtypes)
+
+
 def padded_size(numel: int, world_size: int) -> int:
     return math.ceil(numel / world_size) * world_size if numel else world_size
 
@@ -51,8 +65,10 @@ class FlatParam:
         originals = [param for param, _aliases in entries]
         device = originals[0].device
         self.master_dtype = originals[0].dtype
+        align = align_elements(self.master_dtype, compute_dtype)
         offset, slots = 0, []
         for param, aliases in entries:
+            offset = -(-offset // align) * align  # [Note: aligned offsets]
             slots.append(ParamSlot(tuple(aliases), param.shape, offset, param.numel()))
             offset += param.numel()
         self.slots: list[ParamSlot] = slots
@@ -67,6 +83,7 @@ class FlatParam:
         self.shard_offset = start if (shard_storage or keep_replica) else 0  # where the shard starts in `flat`
         self.orig_params = None  # use_orig_params: one Parameter per slot ([Note: original parameters])
         self.replica = None
+        self.replica_epoch = 0  # ZeRO-1: the FSDPState.param_epoch whose masters the replica holds (None: stale)
         if keep_replica:  # ZeRO-1: a replicated fp32 copy stays; the shard is a window onto it
             self.replica = flat
             self.shard = nn.Parameter(flat.data[start:start + self.shard_numel], requires_grad=requires_grad)
@@ -110,11 +127,18 @@ class FlatParam:
     # -- original parameters as views ----------------------------------------------------------------------
     def views(self) -> list[torch.Tensor]:
         """Views of `full` for each slot, tracked by autograd when grad is enabled (gradients flow to `full`)."""
-        sizes = [s.numel for s in self.slots]
-        if self.padded_numel > self.numel:
-            sizes.append(self.padded_numel - self.numel)
+        sizes, picks, end = [], [], 0
+        for s in self.slots:
+            if s.offset > end:  # an alignment gap
+                sizes.append(s.offset - end)
+            picks.append(len(sizes))
+            sizes.append(s.numel)
+            end = s.offset + s.numel
+        if self.padded_numel > end:
+            sizes.append(self.padded_numel - end)
         # One split (not one slice per parameter): backward then builds the flat gradient with a single cat.
-        return [part.view(s.shape) for part, s in zip(torch.split(self.full, sizes), self.slots)]
+        parts = torch.split(self.full, sizes)
+        return [parts[i].view(s.shape) for i, s in zip(picks, self.slots)]
 
     def install_views(self) -> None:
         """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""

@@ -1,5 +1,10 @@
 """Gradient-norm clipping across shards: each rank's shard holds a disjoint slice of the gradient, so the global
-squared norm is the sum over ranks of each shard's squared norm (replicated strategies use local grads)."""
+squared norm is the sum over ranks of each shard's squared norm (NO_SHARD's gradients are whole: local norm).
+
+No host sync before the final scale: the per-gradient norms come from one foreach kernel, are combined on the
+device (`torch.stack(...).max()` / `.sum()`, never a Python `max` or `sum` over tensors, which would read each one
+back), and the zero for "no gradients" is made on the device, not copied from a host scalar.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,23 +13,28 @@ import torch.distributed as dist
 from fsdp_lab.runtime.strategy import ShardingStrategy
 
 
+def _local_norm_term(grads: list, norm_type: float, device: torch.device) -> torch.Tensor:
+    """max |g| (inf-norm) or sum ‖g‖^p over this rank's gradients, as a 0-dim float32 tensor on `device`."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    norms = torch.stack([n.float() for n in torch._foreach_norm(grads, norm_type)])
+    return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
+
+
 def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     ctx = model._ctx
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    device = ctx.device
-    if float(norm_type) == float("inf"):
-        local = max((g.detach().abs().max() for g in grads), default=torch.tensor(0.0, device=device))
-        total = local.float().clone()
-        if ctx.strategy is not ShardingStrategy.NO_SHARD:
-            dist.all_reduce(total, op=dist.ReduceOp.MAX, group=ctx.pg)
-    else:
-        local = sum((g.detach().float().norm(norm_type) ** norm_type for g in grads),
-                    torch.tensor(0.0, device=device))
-        total = local.clone()
-        if ctx.strategy is not ShardingStrategy.NO_SHARD:
-            dist.all_reduce(total, group=ctx.pg)
+    norm_type = float(norm_type)
+    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
+    total = _local_norm_term(grads, norm_type, ctx.device)
+    if ctx.strategy is not ShardingStrategy.NO_SHARD:
+        op = dist.ReduceOp.MAX if norm_type == float("inf") else dist.ReduceOp.SUM
+        dist.all_reduce(total, op=op, group=ctx.pg)
+    if norm_type != float("inf"):
         total = total ** (1.0 / norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    by_dtype: dict = {}
     for g in grads:
-        g.detach().mul_(coef.to(g.dtype))
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for dtype, group in by_dtype.items():
+        torch._foreach_mul_(group, coef.to(dtype))
     return total

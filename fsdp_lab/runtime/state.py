@@ -3,11 +3,9 @@
 It is owned by the root FSDP object and handed to each unit, so there is no module-level state: two models in one
 notebook (or a cell re-run) never see each other's flags.
 
-[Note: async collectives] `async_comm` says whether collectives are issued with async_op=True and waited for
-where their result is needed. Left as None it is chosen here: on CUDA with NCCL always (waiting on a handle makes
-the compute stream wait, it never blocks the host); on CPU with gloo when some prefetch is on (a prefetched
-gather then runs in gloo's threads while the previous unit computes); otherwise off. gloo with CUDA tensors
-(several ranks sharing one GPU, a memory-only setup) stays synchronous: its collectives block the host anyway.
+`param_epoch` advances at a root forward that follows a gradient reduction (an optimizer step may have changed
+the masters in between): ZeRO-1 refreshes its replicas once per epoch ([Note: ZeRO-1 replicas] in
+fsdp_lab/runtime/streams.py).
 """
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 
 from fsdp_lab.runtime.mixed_precision import MixedPrecision
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
@@ -35,10 +32,11 @@ class FSDPState:
     forward_prefetch: bool = False
     backward_prefetch: Optional[BackwardPrefetch] = None
     max_gathers_in_flight: int = 2
-    async_comm: Optional[bool] = None  # None: chosen in __post_init__ ([Note: async collectives])
     max_reduces_in_flight: int = 2
     # -- flags of the step in progress ----------------------------------------------------------------------
     sync_gradients: bool = True
+    param_epoch: int = 0
+    grads_reduced: bool = False  # since the last root forward
     in_backward: bool = False
     final_callback_queued: bool = False
     forward_order: list = field(default_factory=list)
@@ -50,12 +48,18 @@ class FSDPState:
     reduces: Optional[ReduceQueue] = None
 
     def __post_init__(self):
-        if self.async_comm is None:
-            self.async_comm = default_async_comm(self)
         if self.streams is None:
             self.streams = CommStreams(self.device)
         if self.reduces is None:
             self.reduces = ReduceQueue(self.streams, self.max_reduces_in_flight)
+
+    def begin_iteration(self) -> None:
+        """The root's forward starts, on the stream that is current now. If gradients were reduced since the last
+        one, the optimizer may have stepped: a new parameter epoch begins."""
+        if self.grads_reduced:
+            self.param_epoch += 1
+            self.grads_reduced = False
+        self.streams.begin_forward()
 
     def emit(self, event: str, unit: str, phase: str, collectives: tuple = (), **extra) -> None:
         """Hand one lifecycle event to the attached tracer, if any; `collectives` are what the beat issued
@@ -82,14 +86,3 @@ class FSDPState:
             return None
         i = order.index(unit) + (1 if step > 0 else -1)
         return order[i] if 0 <= i < len(order) else None
-
-def default_async_comm(ctx: FSDPState) -> bool:
-    if ctx.world_size == 1:
-        return False  # nothing is communicated
-    try:
-        backend = str(dist.get_backend(ctx.pg)).lower()
-    except (RuntimeError, ValueError):
-        return False
-    if ctx.device.type == "cuda":
-        return backend != "gloo"
-    return backend == "gloo" and (ctx.forward_prefetch or ctx.backward_prefetch is not None)

@@ -15,8 +15,8 @@ that prefetch can issue the next unit's gather while this one computes: forward_
 BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced and it is freed. At most
 ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
 on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
-the memory rules); on CPU with gloo they run asynchronously in gloo's threads. Reductions are waited for at the
-latest by the root's end-of-backward callback.
+the memory rules); on CPU the same code runs with null streams. Reductions are waited for at the latest by the
+root's end-of-backward callback.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class Unit:
     def __init__(self, name: str, module: torch.nn.Module, flats: list, ctx, is_root: bool):
         self.name, self.module, self.flats, self.ctx, self.is_root = name, module, flats, ctx, is_root
         self.state = UnitState.SHARDED
-        self._pending = []  # gathers in flight: PendingWork objects
+        self._pending = []  # gathers issued and not yet waited for: their events (None on CPU)
         self._backward_pending = False
         self._reduced = False
         self._reduced_groups = set()
@@ -76,8 +76,7 @@ class Unit:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
             flat.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
-            flat.replica_grad = None  # ZeRO-1: the replicated, all-reduced fp32 gradient
-            flat.replica_version = flat.shard._version  # ZeRO-1: shard version the replica reflects
+            flat.replica_grad = None  # ZeRO-1: the replicated fp32 gradient (its own chunk reduced)
         if any(g.persistent_full for g in flats):
             for g in flats:
                 g.install_views()
@@ -116,8 +115,8 @@ class Unit:
         calls = []
         with label(f"fsdp_lab::{event} {self.name}"):
             for flat in self.flats:
-                work, comm = gather_flat_param(self.ctx, flat)
-                self._pending.append(work)
+                gathered, comm = gather_flat_param(self.ctx, flat)
+                self._pending.append(gathered)
                 if comm is not None:
                     calls.append(comm)
         self._gather_comm = (event, phase, tuple(calls))
@@ -127,9 +126,8 @@ class Unit:
     def wait_gathered(self) -> None:
         if self.state is not UnitState.GATHERING:
             return
-        with self.ctx.streams.on_compute():
-            for work in self._pending:
-                work.wait()
+        for event in self._pending:
+            self.ctx.streams.compute_waits(event)
         self._pending.clear()
         self._transition("gathered")
         event, phase, calls = self._gather_comm
@@ -156,7 +154,7 @@ class Unit:
     def pre_forward(self, module, args, kwargs):
         recompute = self.ctx.in_backward  # activation checkpointing re-runs forward inside backward
         if self.is_root and not recompute:
-            self.ctx.streams.begin_forward()
+            self.ctx.begin_iteration()
         self.ensure_unsharded("backward" if recompute else "forward")
         if not recompute:
             self.ctx.record_forward(self)

@@ -206,13 +206,14 @@ def comm_bytes_per_step(strategy, numel_padded_total, n, param_bytes, reduce_byt
     [Note: ring convention] In a ring all-gather or reduce-scatter of P elements each rank sends N−1 chunks of
     P/N: (N−1)/N·P. A ring all-reduce is both: 2·(N−1)/N·P. FULL_SHARD: gather (fwd) + re-gather (bwd) in
     param_bytes + reduce-scatter in reduce_bytes. SHARD_GRAD_OP: one gather + one reduce-scatter. NO_SHARD:
-    all-reduce in reduce_bytes. ZERO1: all-reduce of grads in reduce_bytes + all-gather of the updated fp32
-    masters in `master_bytes` (replicas must stay identical, so they travel at full precision)."""
+    all-reduce in reduce_bytes. ZERO1 (the ZeRO paper's two passes): reduce-scatter of grads in reduce_bytes +
+    all-gather of the updated fp32 masters in `master_bytes` (replicas must stay identical, so they travel at
+    full precision)."""
     s, p = _strategy(strategy, numel_padded_total, n), numel_padded_total
     _check(param_bytes=param_bytes, reduce_bytes=reduce_bytes, master_bytes=master_bytes)
     if s == "NO_SHARD":  # P may be unpadded: ring chunks are then uneven and (N−1)/N·P is their mean
         total = 2 * (n - 1) * p * reduce_bytes
         return _exact(total // n if total % n == 0 else total / n)
     gathers, gather_bytes, reduces = {"FULL_SHARD": (2, param_bytes, 1), "SHARD_GRAD_OP": (1, param_bytes, 1),
-                                      "ZERO1": (1, master_bytes, 2)}[s]
+                                      "ZERO1": (1, master_bytes, 1)}[s]
     return _exact((n - 1) * (p // n) * (gathers * gather_bytes + reduces * reduce_bytes))

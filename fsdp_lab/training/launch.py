@@ -49,6 +49,21 @@ def children_ignore_sigint():
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
+def set_rank_device(local_rank: int, cuda=None):
+    """Make GPU `local_rank` (modulo the GPUs there are) the current CUDA device, before anything is built: event
+    waits, NCCL and DCP's object collectives use the current device. Returns it, or None without CUDA. `cuda` is
+    torch.cuda; tests pass a stand-in."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda
+    if not cuda.is_available() or cuda.device_count() == 0:
+        return None
+    index = local_rank % cuda.device_count()
+    cuda.set_device(index)
+    return index
+
+
 def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results):
     import torch
     import torch.distributed as dist
@@ -57,6 +72,7 @@ def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, 
         torch.set_num_threads(threads)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        set_rank_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
         try:
