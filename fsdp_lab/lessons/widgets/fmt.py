@@ -33,16 +33,22 @@ def memory_total(mem: dict) -> int:
     return int(mem.get("total", sum(mem.get(k, 0) for k, _, _ in MEMORY_KINDS)))
 
 
-def show_figure(out, fig) -> None:
-    """Put a matplotlib Figure into an Output widget as its only output (a PNG). Safe from any thread: it sets
-    the widget's outputs instead of capturing display() calls, and it never touches pyplot's global figures."""
-    import base64
+def figure_png(fig) -> bytes:
+    """A matplotlib Figure as PNG bytes, drawn with the Agg canvas (no pyplot state)."""
     import io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     buf = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buf)
-    image = base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
+
+
+def show_figure(out, fig) -> None:
+    """Put a matplotlib Figure into an Output widget as its only output (a PNG). Safe from any thread: it sets
+    the widget's outputs instead of capturing display() calls, and it never touches pyplot's global figures."""
+    import base64
+
+    image = base64.b64encode(figure_png(fig)).decode("ascii")
     out.outputs = ({"output_type": "display_data", "metadata": {},
                     "data": {"image/png": image, "text/plain": "<matplotlib figure>"}},)
