@@ -22,6 +22,14 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def say(text: str, width: int = 108, indent: str = "   ") -> None:
+    """Print a long line wrapped between words (a notebook wraps a long output line mid-word)."""
+    import textwrap
+
+    print(textwrap.fill(text, width=width, subsequent_indent=indent, break_long_words=False,
+                        break_on_hyphens=False))
+
+
 def esc(text) -> str:
     return html.escape(str(text), quote=True)
 

@@ -113,8 +113,9 @@ class LiveMemoryChart(QuietRepr, widgets.VBox):
             return 0
         return min(counts, default=0)
 
-    def static_png(self) -> bytes:
-        return figure_png(self.figure())
+    def static_png(self) -> Optional[bytes]:
+        """The chart as it stands; nothing before the first trace line (an empty chart teaches nothing)."""
+        return figure_png(self.figure()) if self.events else None
 
     # -- drawing ---------------------------------------------------------------------------------------------
     def figure(self) -> Figure:

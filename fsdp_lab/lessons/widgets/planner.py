@@ -193,7 +193,7 @@ class Planner(QuietRepr, widgets.VBox):
                f"which the formula does not count." if diff == m.step_tensor_bytes and diff else "")
         return (f"<div style='font-size:13px;line-height:20px'><b>measured 实测</b> ({esc(m.label)})<br>"
                 f"Φ = {m.phi:,}, padded P = {m.numel_padded_total:,}, N = {m.n}. Formula: "
-                f"runtime_state_bytes({esc(m.strategy)}) = {human_bytes(want.total)}; the article's "
+                f"runtime_state_bytes({esc(m.strategy)}) = {human_bytes(want.total)}; the ZeRO formula "
                 f"{esc(STAGE_FORMULA[STAGE_OF[m.strategy]][0])} = "
                 f"{human_bytes(STAGE_FORMULA[STAGE_OF[m.strategy]][1](m.phi, m.n))}<br>"
                 f"<table style='{_TABLE}'><tr><th>kind</th><th>measured</th>"
@@ -203,8 +203,8 @@ class Planner(QuietRepr, widgets.VBox):
         return figure_png(self.figure())
 
     def figure(self) -> Figure:
-        """Left: each stage's states against N (the article's formulas). Right: the peak of each stage at the
-        chosen Φ, N and precision, split into what it is made of, against the card."""
+        """Left: each stage's states against N (DDP and ZeRO-3 from the article, ZeRO-1/2 from the ZeRO paper).
+        Right: the peak of each stage at the chosen Φ, N and precision, split into its parts, against the card."""
         fig = Figure(figsize=(10, 3.4), dpi=100, layout="constrained")
         left, right = fig.subplots(1, 2)
         phi, n, p = round(self.phi.value), self.n.value, self.plan
