@@ -191,12 +191,14 @@ def test_chapter_03_runs_plays_and_draws(lab):
             assert "2 of 2 training step(s) done on every rank" in chart.inner_text()
             chart.screenshot(path=str(ARTIFACTS / "browser-ch03-memory-chart.png"))
 
-            answers = page.locator(".widget-vbox:has(button:has-text('Show the answers'))").last
+            # the handle, not the locator: the button's label changes once pressed
+            answers = page.locator(".widget-vbox:has(button:has-text('Show the answers'))").last.element_handle()
             answers.scroll_into_view_if_needed()
             assert "stays gathered" not in answers.inner_text()  # hidden until asked for
             answers.screenshot(path=str(ARTIFACTS / "browser-ch03-answers-hidden.png"))
-            answers.locator("button").first.click()
-            page.wait_for_function("el => el.innerText.includes('stays gathered')", arg=answers.element_handle())
+            answers.query_selector("button").click()
+            page.wait_for_function("el => el.innerText.includes('stays gathered')", arg=answers)
+            assert "Hide the answers" in answers.inner_text()
             answers.screenshot(path=str(ARTIFACTS / "browser-ch03-answers-shown.png"))
 
             quiz = page.locator(".widget-vbox:has(h3:has-text('Chapter 03'))").last

@@ -209,9 +209,11 @@ def test_phase_strip_and_next_beat(run):
         before = (w.state.event["rank"], w.state.beat, w.state.event["unit"])
         w.next_button.click()
         after = w.state.event
+        if w.state.index == len(w.events) - 1:
+            break  # this household has no later beat: the button goes to the last event
         assert after["rank"] == before[0] and (w.state.beat, after["unit"]) != before[1:]
         seen.append(w.state.label)
-    assert w.state.phase == "optimizer" and "#0f766e" in w.phase_strip.value
+    assert w.state.phase == "optimizer" and "优化器 optimizer step ◀ now" in w.phase_strip.value
     assert {"计算 compute", "释放 free", "再聚合 re-gather (all-gather)", "归约回分 reduce-scatter"} <= set(seen)
 
 

@@ -149,8 +149,8 @@ def render_message(text: str) -> str:
 
 
 def render_phase_strip(phase: str, index: int, total: int, phase_spans: dict) -> str:
-    """Forward | backward | optimizer step, as wide as their share of the events, the current one filled in, with
-    a marker at the current event."""
+    """Forward | backward | optimizer step, each as wide as its share of the events (never too narrow to read),
+    the current one filled in; the slider already shows the position within the step."""
     from fsdp_lab.lessons.widgets.frames import PHASES
 
     cells = []
@@ -159,12 +159,9 @@ def render_phase_strip(phase: str, index: int, total: int, phase_spans: dict) ->
         if hi < lo:
             continue
         now = key == phase
-        width = 100 * (hi - lo + 1) / max(total, 1)
-        cells.append(f"<div style='width:{width:.2f}%;text-align:center;padding:2px 0;border-radius:4px;"
-                     f"background:{'#0f766e' if now else '#e5e7eb'};color:{'#fff' if now else '#374151'};"
-                     f"font-weight:{'700' if now else '400'};overflow:hidden;white-space:nowrap'>{esc(label)}</div>")
-    marker = 100 * (index + 0.5) / max(total, 1)
-    return (f"<div style='{_FONT};margin:4px 0 6px 0'><div style='display:flex;gap:2px'>{''.join(cells)}</div>"
-            f"<div style='position:relative;height:8px'><div style='position:absolute;left:calc({marker:.2f}% - 5px);"
-            f"width:0;height:0;border-left:5px solid transparent;border-right:5px solid transparent;"
-            f"border-bottom:7px solid #111827'></div></div></div>")
+        cells.append(f"<div style='flex:{hi - lo + 1} 1 0;min-width:150px;text-align:center;padding:2px 0;"
+                     f"border-radius:4px;background:{'#0f766e' if now else '#e5e7eb'};"
+                     f"color:{'#fff' if now else '#374151'};font-weight:{'700' if now else '400'};white-space:nowrap'>"
+                     f"{esc(label)}{' ◀ now' if now else ''}</div>")
+    return (f"<div style='{_FONT};margin:4px 0 6px 0;display:flex;gap:2px' title='event {index} of 0–{total - 1}'>"
+            f"{''.join(cells)}</div>")
