@@ -163,5 +163,6 @@ def render_phase_strip(phase: str, index: int, total: int, phase_spans: dict) ->
                      f"border-radius:4px;background:{'#0f766e' if now else '#e5e7eb'};"
                      f"color:{'#fff' if now else '#374151'};font-weight:{'700' if now else '400'};white-space:nowrap'>"
                      f"{esc(label)}{' ◀ now' if now else ''}</div>")
-    return (f"<div style='{_FONT};margin:4px 0 6px 0;display:flex;gap:2px' title='event {index} of 0–{total - 1}'>"
+    return (f"<div style='display:flex;gap:2px;margin:4px 0 6px 0;font-size:13px;line-height:19px' "
+            f"title='event {index} of 0–{total - 1}'>"
             f"{''.join(cells)}</div>")
