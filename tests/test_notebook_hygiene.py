@@ -179,3 +179,23 @@ def test_every_cell_has_slide_metadata(notebook):
     path, nb = notebook
     missing = [i for i, c in enumerate(nb["cells"]) if "slide_type" not in c["metadata"].get("slideshow", {})]
     assert not missing, f"{path.name}: cells {missing} have no slideshow metadata (course/make_slides.sh)"
+
+
+def test_figure_code_lives_in_the_package(notebook):
+    """A learner's cell is about FSDP: it calls a figure from fsdp_lab.lessons.figures instead of drawing one."""
+    path, nb = notebook
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code":
+            assert not re.search(r"\bplt\.|\bax\d?\.|\.subplots\(", src), \
+                f"{path.name}: a cell draws with matplotlib itself; put it in fsdp_lab/lessons/figures:\n{src[:200]}"
+
+
+@pytest.mark.parametrize("module", sorted((REPO / "fsdp_lab" / "lessons" / "figures").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_package_figures_label_their_axes_with_units(module):
+    src = module.read_text(encoding="utf-8")
+    labels = [label for _quote, label in re.findall(r"set_[xy]label\(\s*f?([\"'])(.*?)\1", src)]
+    if re.search(r"\.(plot|bar|barh|step|fill_between)\(", src):
+        assert labels, f"{module.name} draws without axis labels"
+    assert all("(" in label for label in labels if label.strip()), f"{module.name}: labels without units {labels}"
