@@ -1,5 +1,6 @@
-"""Chapter 03 in a real browser: JupyterLab in headless Chromium runs every cell, Play advances the potluck, the
-charts render. Screenshots land in artifacts/ (gitignored): the page and each widget.
+"""Chapter 03 in a real browser: first open shows no widget repr; JupyterLab in headless Chromium runs every
+cell, Play and "next beat" advance the potluck, the charts render, the answers wait for their button, the
+chapter's quiz warns before grading blanks. Screenshots land in artifacts/ (gitignored): the page and each widget.
 
 The server serves a temporary copy of the notebook, so JupyterLab's autosave can never rewrite the committed file,
 and it gets its own settings and workspace directories, so nothing from a user's JupyterLab leaks in. Skipped,
@@ -143,6 +144,18 @@ def test_chapter_03_runs_plays_and_draws(lab):
             page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}", wait_until="domcontentloaded")
             page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
             page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)  # the kernel is up
+
+            # First open, nothing run: the saved outputs show pictures or nothing, never a widget's Python repr.
+            outputs = page.locator(".jp-OutputArea-output")
+            outputs.first.wait_for()
+            shown = " ".join(outputs.all_inner_texts())
+            for repr_start in ("children=(", "VBox(", "PotluckLifecycle(", "LiveMemoryChart(", "Planner("):
+                assert repr_start not in shown, f"a widget repr on first open: {repr_start}"
+            first_chart = page.locator(".jp-OutputArea-output img").first
+            first_chart.scroll_into_view_if_needed()
+            assert first_chart.evaluate("img => img.complete && img.naturalWidth > 300")  # the chart's saved picture
+            page.screenshot(path=str(ARTIFACTS / "browser-ch03-first-open.png"))
+
             _menu(page, "Edit", "Clear Outputs of All Cells")
             assert all(c == "" for c in _counts(page)), _counts(page)
             _menu(page, "Run", "Run All Cells")
@@ -166,12 +179,35 @@ def test_chapter_03_runs_plays_and_draws(lab):
             page.screenshot(path=str(ARTIFACTS / "browser-ch03.png"))
             potluck.screenshot(path=str(ARTIFACTS / "browser-ch03-potluck.png"))
 
+            potluck.locator("button", has_text="next beat").click()  # jumps to the next beat of one household
+            page.wait_for_timeout(300)
+            assert "forward" in potluck.inner_text() or "backward" in potluck.inner_text()  # the phase strip
+
             chart = page.locator(".widget-vbox:has(.widget-hprogress)").first
             chart.scroll_into_view_if_needed()
             image = chart.locator(".widget-output img").first
             image.wait_for()
             assert image.evaluate("img => img.complete && img.naturalWidth > 300")
+            assert "2 of 2 training step(s) done on every rank" in chart.inner_text()
             chart.screenshot(path=str(ARTIFACTS / "browser-ch03-memory-chart.png"))
+
+            # the handle, not the locator: the button's label changes once pressed
+            answers = page.locator(".widget-vbox:has(button:has-text('Show the answers'))").last.element_handle()
+            answers.scroll_into_view_if_needed()
+            assert "stays gathered" not in answers.inner_text()  # hidden until asked for
+            answers.screenshot(path=str(ARTIFACTS / "browser-ch03-answers-hidden.png"))
+            answers.query_selector("button").click()
+            page.wait_for_function("el => el.innerText.includes('stays gathered')", arg=answers)
+            assert "Hide the answers" in answers.inner_text()
+            answers.screenshot(path=str(ARTIFACTS / "browser-ch03-answers-shown.png"))
+
+            quiz = page.locator(".widget-vbox:has(h3:has-text('Chapter 03'))").last
+            quiz.scroll_into_view_if_needed()
+            assert "Submit" in quiz.inner_text() and "Q1/" in quiz.inner_text()
+            quiz.locator(".widget-radio-box label").first.click()
+            quiz.locator("button", has_text="Submit").click()  # questions left blank: a warning, not a grade
+            page.wait_for_function("el => el.innerText.includes('left blank')", arg=quiz.element_handle())
+            quiz.screenshot(path=str(ARTIFACTS / "browser-ch03-quiz.png"))
 
             planner = page.locator(".widget-vbox:has(.widget-toggle-buttons)").first
             planner.scroll_into_view_if_needed()

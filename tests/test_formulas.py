@@ -152,8 +152,9 @@ def test_plan_reproduces_the_article_and_counts_activations():
     assert p.n_min_with_activations == 3
     assert p.n_min_with_reserve == 4
     assert p.activation_bytes == 32 * F.activation_bytes_per_layer(2048, 1, 4096, 32)
-    # the planner's ZeRO-3 peak is the corrected article peak
-    assert p.peak_bytes("ZeRO-3") == F.m_peak_corrected(7e9, 8, p.phi_layer, p.activation_bytes)
+    # the planner's ZeRO-3 peak is the corrected article peak plus the logits and their fp32 copy for the loss
+    assert p.logits_bytes == (2 + 4) * 2048 * 1 * 32_000 and p.recompute_layer_bytes == 0
+    assert p.peak_bytes("ZeRO-3") == F.m_peak_corrected(7e9, 8, p.phi_layer, p.activation_bytes) + p.logits_bytes
     assert [r[0] for r in p.rows()] == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
 
 
@@ -173,6 +174,19 @@ def test_plan_recompute_and_shape_and_strategy_options():
     assert P.plan(1e9, 8, 80, strategy="DDP").n_min_with_activations == 1
     assert P.plan(7e9, 8, 80, strategy="SHARD_GRAD_OP").strategy == "ZeRO-2"
     assert P.llama_like_shape(13e9) == (40, 5120, 40)
+
+
+def test_plan_counts_the_recomputed_layer_and_the_logits():
+    """14B, batch 8, recompute on 4 x 80 GB: the recomputed layer's full activations (9.56 GB) and the logits
+    put the peak above 73.6 GB, over the 20 % reserve though still under the card."""
+    p = P.plan(14e9, 4, 80, micro_batch=8, recompute=True)
+    assert p.recompute_layer_bytes == F.activation_bytes_per_layer(2048, 8, p.hidden, p.heads)
+    assert p.logits_bytes == 6 * 2048 * 8 * 32_000
+    assert p.peak_bytes("ZeRO-3") == p.zero3_bytes + p.working_bytes + p.activation_bytes + \
+        p.recompute_layer_bytes + p.logits_bytes
+    assert p.peak_bytes("ZeRO-3") > 73.6e9 and p.fits("ZeRO-3")
+    assert p.peak_bytes("ZeRO-3") > 0.8 * p.gpu_mem_bytes and p.n_min_with_reserve > 4
+    assert P.plan(14e9, 4, 80, micro_batch=8).recompute_layer_bytes == 0  # nothing is recomputed without it
 
 
 def test_plan_precision_changes_working_bytes():

@@ -59,3 +59,143 @@ def test_every_plot_has_axis_labels_with_units(notebook):
         labels = re.findall(r"(?:set_[xy]label|[xy]label)\(\s*[rf]?[\"']([^\"']*)", src)
         assert labels, f"{path.name}: a plotting cell without axis labels:\n{src[:300]}"
         assert all("(" in label for label in labels if label.strip()), f"{path.name}: labels without units {labels}"
+
+
+# -- what a learner sees on first open, and what the text may claim ---------------------------------------------
+ABSOLUTE_PATH = re.compile(r"(?<![\w.])(/tmp/|/work/|/home/|/Users/|/root/|/private/var/|[A-Z]:\\\\)")
+GPU_CLAIM = re.compile(r"\b(ships?|shipped|replays?|replayed)\b[^.]*\btraces?\b|\btraces?\b[^.]*\brecorded on a "
+                       r"(real )?(GPU|card)\b", re.I)
+NOT_A_CLAIM = re.compile(r"\bno GPU trace|\bnone ship|\bnot yet\b|\bwould\b|\bwhether\b|\bonce\b[^.]*\bship|"
+                         r"\bwhen\b[^.]*\bship", re.I)
+REPO = NOTEBOOKS.parent
+
+
+def _texts(nb):
+    """Every piece of text a learner can read: markdown, code, outputs and saved widget state."""
+    for cell in nb["cells"]:
+        yield "".join(cell["source"])
+        for out in cell.get("outputs", []):
+            yield "".join(out.get("text", ""))
+            for mime, data in out.get("data", {}).items():
+                if mime.startswith("text/"):
+                    yield "".join(data)
+    yield json.dumps(nb["metadata"].get("widgets", {}), ensure_ascii=False)
+
+
+def _sentences(text: str):
+    flat = re.sub(r"\s+", " ", text)
+    return [s for s in re.split(r"(?<=[.!?:;])\s", flat) if s]
+
+
+def gpu_claims(text: str) -> list:
+    """Sentences that say GPU traces ship or are replayed, unless they say none do (yet)."""
+    return [s for s in _sentences(text) if re.search(r"\bGPU", s) and GPU_CLAIM.search(s)
+            and not NOT_A_CLAIM.search(s)]
+
+
+def test_the_claim_detector_catches_what_the_chapters_used_to_say():
+    for old in ("Chapters that show GPU memory replay traces recorded on a real GPU, and each trace says where.",
+                "If it has none, the course ships traces recorded on a real GPU, each with a note.",
+                "no GPU here: the counts above are the runtime's exact FSDP bytes; chapter 06 replays GPU traces"):
+        assert gpu_claims(old), old
+    for fine in ("No GPU trace ships with the course yet: record them with scripts/record_gpu_traces.py.",
+                 "Traces recorded on a GPU would let a CPU-only machine see that too.",
+                 "Replay that trace as the potluck and watch each rank's memory."):
+        assert not gpu_claims(fine), fine
+
+
+def test_no_text_claims_gpu_traces_while_none_ship(notebook):
+    from fsdp_lab.lessons.widgets import list_gpu_traces
+
+    if list_gpu_traces():
+        pytest.skip("GPU traces ship: the chapters may replay them (each says which GPU recorded it)")
+    path, nb = notebook
+    claims = [c for text in _texts(nb) for c in gpu_claims(text)]
+    assert not claims, f"{path.name} claims GPU traces, but fsdp_lab/data/gpu_traces/ holds none: {claims}"
+
+
+def test_no_kit_text_claims_gpu_traces_while_none_ship():
+    from fsdp_lab.lessons.widgets import list_gpu_traces
+
+    if list_gpu_traces():
+        pytest.skip("GPU traces ship")
+    for path in [REPO / "README.md", *sorted((REPO / "course").rglob("*.md"))]:
+        claims = gpu_claims(path.read_text(encoding="utf-8"))
+        assert not claims, f"{path.relative_to(REPO)} claims GPU traces, but none ship: {claims}"
+
+
+def test_first_open_shows_no_python_repr(notebook):
+    """An untrusted notebook renders text/plain for a widget: it must be empty (or a picture is there)."""
+    path, nb = notebook
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                plain = "".join(data.get("text/plain", ""))
+                assert plain == "", f"{path.name}: a widget output saved its repr {plain[:80]!r}"
+
+
+def test_answers_wait_to_be_asked_for(notebook):
+    """Nothing after the last "Check yourself" heading prints: the answers sit behind a button."""
+    path, nb = notebook
+    heading = max(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown"
+                  and "check yourself" in "".join(c["source"]).lower())
+    for cell in nb["cells"][heading + 1:]:
+        printed = [o for o in cell.get("outputs", []) if o["output_type"] == "stream"]
+        assert not printed, f"{path.name}: a Check-yourself cell prints its answers: {''.join(printed[0]['text'])[:120]}"
+    printed = "".join("".join(o["text"]) for c in nb["cells"] for o in c.get("outputs", [])
+                      if o["output_type"] == "stream")
+    graded = re.search(r"^\s*(Answer: [A-D]|答案：[A-D])", printed, re.M)
+    assert not graded, f"{path.name}: a quiz answer printed in the open: {printed[graded.start():][:100]}"
+
+
+def test_every_chapter_with_a_quiz_file_shows_its_quiz(notebook):
+    path, nb = notebook
+    number = path.name[:2]
+    if not list((REPO / "quizzes").glob(f"{number}-*.yaml")):
+        return
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert re.search(rf"quiz\(\"{number}\"", code), f"{path.name}: quizzes/{number}-*.yaml exists but no quiz cell"
+
+
+def test_no_clutter_in_learner_cells(notebook):
+    """nbval tags instead of comment lines, no asserts, no machine paths, no printed line a notebook must wrap."""
+    path, nb = notebook
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        assert "# NBVAL" not in src, f"{path.name}: use the nbval-check-output cell tag, not a comment line"
+        assert not re.search(r"^\s*assert\b", src, re.M), f"{path.name}: an assert in a learner's cell:\n{src[:200]}"
+        for out in cell.get("outputs", []):
+            for line in "".join(out.get("text", "")).splitlines():
+                assert len(line) <= 115, f"{path.name}: a printed line of {len(line)} characters wraps: {line[:80]}"
+    for text in _texts(nb):
+        found = ABSOLUTE_PATH.search(text)
+        assert not found, f"{path.name}: a machine path in the notebook: …{text[max(0, found.start() - 40):found.end() + 40]}…"
+
+
+def test_every_cell_has_slide_metadata(notebook):
+    path, nb = notebook
+    missing = [i for i, c in enumerate(nb["cells"]) if "slide_type" not in c["metadata"].get("slideshow", {})]
+    assert not missing, f"{path.name}: cells {missing} have no slideshow metadata (course/make_slides.sh)"
+
+
+def test_figure_code_lives_in_the_package(notebook):
+    """A learner's cell is about FSDP: it calls a figure from fsdp_lab.lessons.figures instead of drawing one."""
+    path, nb = notebook
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code":
+            assert not re.search(r"\bplt\.|\bax\d?\.|\.subplots\(", src), \
+                f"{path.name}: a cell draws with matplotlib itself; put it in fsdp_lab/lessons/figures:\n{src[:200]}"
+
+
+@pytest.mark.parametrize("module", sorted((REPO / "fsdp_lab" / "lessons" / "figures").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_package_figures_label_their_axes_with_units(module):
+    src = module.read_text(encoding="utf-8")
+    labels = [label for _quote, label in re.findall(r"set_[xy]label\(\s*f?([\"'])(.*?)\1", src)]
+    if re.search(r"\.(plot|bar|barh|step|fill_between)\(", src):
+        assert labels, f"{module.name} draws without axis labels"
+    assert all("(" in label for label in labels if label.strip()), f"{module.name}: labels without units {labels}"

@@ -60,7 +60,9 @@ def test_retry_clears_everything():
 def test_buttons_call_the_same_methods():
     w = quiz("10", progress=False)
     w.select(0, "A")
-    w.submit_button.click()
+    w.submit_button.click()  # nine questions are blank: the first click only warns
+    assert w.score == 0 and not w.submit_button.disabled and "9 question(s) left blank" in w.summary.value
+    w.submit_button.click()  # the second submits anyway
     assert w.score == 1.0 and w.submit_button.disabled
     w.retry_button.click()
     assert w.score == 0 and not w.submit_button.disabled
@@ -87,3 +89,46 @@ def test_select_rejects_bad_letters():
 def test_it_displays_as_a_widget():
     bundle = quiz("01", progress=False)._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_a_full_form_submits_on_the_first_click_and_right_wrong_are_coloured():
+    w = quiz("10", progress=False)
+    for i, letters in enumerate(KEY):
+        w.select(i, letters if i else "B")  # Q1 wrong, the rest right
+    w.submit_button.click()
+    assert w.score == 9.0 and "blank" not in w.summary.value
+    assert "#b91c1c" in w.feedback[0].value and "#15803d" in w.feedback[1].value
+
+
+def test_blank_answers_read_once_in_both_languages_and_difficulty_is_translated():
+    en, zh = quiz("10", lang="en", progress=False), quiz("10", lang="zh", progress=False)
+    en.submit(), zh.submit()
+    assert "(no answer)" in en.feedback[0].value and "((no answer))" not in en.feedback[0].value
+    assert "（未作答）" in zh.feedback[0].value and "（（未作答））" not in zh.feedback[0].value
+    titles = " ".join(child.children[0].value for child in zh.box.children if hasattr(child, "children")
+                      and child.children and hasattr(child.children[0], "value"))
+    assert "易" in titles and not any(word in titles for word in ("easy", "mid", "hard"))
+
+
+def test_best_score_and_earlier_attempts_come_from_the_progress_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = tmp_path / ".fsdp-lab" / "progress.json"
+    first = quiz("10", progress=store)
+    assert "No earlier attempt" in first.history.value
+    for i, letters in enumerate(KEY[:7]):
+        first.select(i, letters)
+    first.submit()
+    assert str(tmp_path) not in first.summary.value and "~/.fsdp-lab/progress.json" in first.summary.value
+    second = quiz("10", progress=store)
+    second.select(0, "A")
+    second.submit()
+    third = quiz("10", progress=store)
+    assert "earlier attempts at this chapter: 2" in third.history.value
+    assert "best score 7 / 10" in third.history.value and "latest 1 / 10" in third.history.value
+    assert "earlier attempts" in quiz("10", progress=store, lang="en").history.value
+    assert "No earlier attempt" in quiz("01", progress=store).history.value  # other chapters do not count
+
+
+def test_no_python_repr_before_the_cell_runs():
+    bundle = quiz("03", progress=False)._repr_mimebundle_()
+    assert bundle["text/plain"] == "" and "application/vnd.jupyter.widget-view+json" in bundle

@@ -102,9 +102,11 @@ def test_slider_and_play_drive_the_potluck(run):
 def test_potluck_without_a_shipped_gpu_trace_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "GPU_TRACE_DIR", tmp_path / "gpu_traces")
     w = PotluckLifecycle.from_gpu_trace()
-    assert w.events == [] and w.play.disabled and "no GPU trace is shipped" in w.view.value
+    assert w.events == [] and w.play.disabled and "no GPU trace ships" in w.view.value
     chart = LiveMemoryChart.replay()
-    assert "no GPU trace is shipped" in chart.provenance.value
+    assert "no GPU trace ships" in chart.provenance.value
+    assert sources.gpu_trace_note().startswith("No GPU trace ships with the course yet")
+    assert "scripts/record_gpu_traces.py" in sources.gpu_trace_note()
 
 
 def test_shipped_trace_plays_with_its_provenance(run, tmp_path, monkeypatch):
@@ -117,13 +119,14 @@ def test_shipped_trace_plays_with_its_provenance(run, tmp_path, monkeypatch):
     w = PotluckLifecycle.from_gpu_trace()
     assert len(w.events) == len(run.events) and "TEST-GPU" in w.source.value
     chart = LiveMemoryChart.replay("example")
-    assert "TEST-GPU" in chart.provenance.value and chart.steps_done == 4
+    assert "TEST-GPU" in chart.provenance.value and chart.steps_done == 2
 
 
 def test_live_chart_followed_the_real_job(live):
     chart, run = live
     assert sum(len(v) for v in chart.events.values()) == len(run.events)
-    assert chart.progress.value == chart.progress.max == 4  # 2 steps x 2 ranks
+    assert chart.progress.value == chart.progress.max == 2  # 2 steps, done on both ranks
+    assert "2 of 2 training step(s) done on every rank" in chart.status.value
     assert base64.b64decode(chart.out.outputs[0]["data"]["image/png"]).startswith(b"\x89PNG")
 
 
@@ -180,3 +183,82 @@ def test_planner_shows_the_measured_point_beside_the_formula(run):
     p.jump_to_measured()
     assert (round(p.phi.value), p.n.value, p.strategy.value) == (m.phi, 2, "ZeRO-3")
     assert p.numbers()["state_bytes"] == formulas.m_zero3(m.phi, 2)
+
+
+def test_the_potluck_agrees_with_itself_at_every_event(run):
+    """Before a household's first event its memory panel already counts its shards (no "0 B" beside a full
+    fridge); a unit being reduce-scattered is not "computing"; the optimizer state sits in the fridge."""
+    w = PotluckLifecycle.from_lifecycle_run(run, step=1)
+    first = frame(w.events, 0, run.sizes)
+    for h in first.households:
+        assert h.memory.get("params_sharded") == sum(h.fridge.values()) > 0
+        assert h.optimizer_bytes == run.events[-1]["mem"]["optimizer_state"] > 0  # step 0 made AdamW's moments
+    for i, e in enumerate(w.events):
+        h = frame(w.events, i, run.sizes).household(e["rank"])
+        if e["event"] == "reduce_scatter":
+            assert h.computing != e["unit"] and h.reducing == e["unit"]
+    w.show(next(i for i, e in enumerate(w.events) if e["event"] == "reduce_scatter"))
+    assert "reduce-scatter 归约回分" in w.view.value and "AdamW moments" in w.view.value
+
+
+def test_phase_strip_and_next_beat(run):
+    w = PotluckLifecycle.from_lifecycle_run(run, step=1)
+    assert w.state.phase == "forward" and "前向 forward" in w.phase_strip.value
+    seen = [w.state.label]
+    while w.state.index < len(w.events) - 1:
+        before = (w.state.event["rank"], w.state.beat, w.state.event["unit"])
+        w.next_button.click()
+        after = w.state.event
+        if w.state.index == len(w.events) - 1:
+            break  # this household has no later beat: the button goes to the last event
+        assert after["rank"] == before[0] and (w.state.beat, after["unit"]) != before[1:]
+        seen.append(w.state.label)
+    assert w.state.phase == "optimizer" and "优化器 optimizer step ◀ now" in w.phase_strip.value
+    assert {"计算 compute", "释放 free", "再聚合 re-gather (all-gather)", "归约回分 reduce-scatter"} <= set(seen)
+
+
+def test_live_chart_labels_the_beats_of_the_potlucks_step(run):
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2, focus_step=1)
+    chart.update()
+    zoom = chart.figure().axes[1]
+    labels = [t.get_text() for t in zoom.texts]
+    assert "step 1" in zoom.get_title() and "potluck" in zoom.get_xlabel()
+    assert "blocks.0 · gather" in labels and "blocks.1 · reduce-scatter" in labels and "<root> · optimizer" in labels
+    assert len(zoom.patches) >= len(labels) > 10  # one shaded span per labelled beat
+
+
+def test_widgets_show_no_python_repr_before_they_run(run):
+    """An untrusted notebook shows text/plain: no repr; the chart and the planner leave a picture instead."""
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2)
+    chart.update()
+    for w in (PotluckLifecycle.from_lifecycle_run(run, step=1), chart, Planner()):
+        bundle = w._repr_mimebundle_()
+        assert bundle["text/plain"] == "" and "application/vnd.jupyter.widget-view+json" in bundle
+    assert base64.b64decode(chart._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
+    assert base64.b64decode(Planner()._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
+
+
+def test_planner_right_chart_follows_the_controls_and_says_why_precision_leaves_states_alone():
+    p = Planner(phi=7e9, n=8, gpu_mem_gb=80)
+    def right_heights():
+        return [round(bar.get_height(), 3) for bar in p.figure().axes[1].patches]
+    bf16 = right_heights()
+    p.precision.value = "fp32"
+    assert right_heights() != bf16 and "states do not" in p.formula.value
+    p.n.value = 16
+    assert p.figure().axes[1].get_title().startswith("peak at N = 16")
+    assert "★" not in p.figure().axes[1].get_title()
+
+
+def test_hidden_answers_stay_hidden_until_asked():
+    from fsdp_lab.lessons.widgets import reveal_answers
+
+    w = reveal_answers(["1. the root", "2. 5 all-gathers"])
+    assert not w.shown and "the root" not in w.body.value and w._repr_mimebundle_()["text/plain"] == ""
+    assert "the root" not in json.dumps(w.get_state())
+    w.button.click()
+    assert w.shown and "the root" in w.body.value and "5 all-gathers" in w.body.value
+    w.button.click()
+    assert not w.shown
+    with pytest.raises(ValueError, match="at least one answer"):
+        reveal_answers([])

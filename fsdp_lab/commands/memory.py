@@ -100,6 +100,9 @@ def report(p: planner.Plan) -> str:
         f"    with s = seq {p.seq_len}, b = micro-batch {p.micro_batch}, h = {p.hidden}, a = {p.heads}, "
         f"{p.precision}, {recompute};",
         f"  working copies of one layer (params + grads, {p.precision}): {_gb(p.working_bytes)};",
+        *([f"  the layer being recomputed in backward (its full activations): {_gb(p.recompute_layer_bytes)};"]
+          if p.recompute else []),
+        f"  logits and their fp32 copy for the loss (vocab {p.vocab:,}): {_gb(p.logits_bytes)};",
         f"  shape: {shape}.",
         f"Keeping {p.reserve_fraction:.0%} of each card free for the allocator and fragmentation: "
         f"N_min = {_gpus(p.n_min_with_reserve)}.",

@@ -42,8 +42,10 @@ class Plan:
     """Per-GPU bytes of each ZeRO stage for Φ on N GPUs, and how many GPUs the chosen stage needs.
 
     `*_bytes`: the article's state (16Φ convention). A stage's peak adds one unit's working copies (params +
-    grads in the compute dtype, params twice with prefetch) and one micro-batch's activations, the same on every
-    GPU whatever the stage. n_min is the article's; n_min_with_activations leaves room for the peak;
+    grads in the compute dtype, params twice with prefetch), one micro-batch's activations, the layer being
+    recomputed in backward (with recompute, its full activations come back for a moment: recompute_layer_bytes)
+    and the logits with their fp32 copy for the loss (logits_bytes); all of these are the same on every GPU
+    whatever the stage. n_min is the article's; n_min_with_activations leaves room for the peak;
     n_min_with_reserve also keeps `reserve_fraction` of each card free (CUDA context, communication buffers,
     allocator fragmentation). None: no number of GPUs is enough."""
 
@@ -63,6 +65,9 @@ class Plan:
     assumptions: str
     phi_layer: int
     activation_bytes: int
+    recompute_layer_bytes: int
+    logits_bytes: int
+    vocab: int
     working_bytes: int
     ddp_bytes: int
     zero1_bytes: int
@@ -83,7 +88,12 @@ class Plan:
                 "ZeRO-3": self.zero3_bytes}[_stage(stage)]
 
     def peak_bytes(self, stage) -> int:
-        return self.state_bytes(stage) + self.working_bytes + self.activation_bytes
+        return self.state_bytes(stage) + self.extra_bytes
+
+    @property
+    def extra_bytes(self) -> int:
+        """Everything on top of the sharded state: the same on every GPU, whatever the stage."""
+        return self.working_bytes + self.activation_bytes + self.recompute_layer_bytes + self.logits_bytes
 
     def fits(self, stage, with_activations=True) -> bool:
         return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
@@ -102,14 +112,18 @@ def _gpus_needed(stage, phi, fixed_bytes, usable_bytes):
     return max(1, _ceil_div(sharded * phi, room)) if sharded else 1
 
 
+LLAMA_VOCAB = 32_000
+
+
 def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
-         layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2) -> Plan:
+         layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2,
+         vocab=LLAMA_VOCAB) -> Plan:
     """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
     name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
-    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape."""
+    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape; `vocab` sizes the logits."""
     given = {k for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
     _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, layers=layers,
-           hidden=hidden, heads=heads)
+           hidden=hidden, heads=heads, vocab=vocab)
     stage = _stage(strategy)
     if not (isinstance(reserve_fraction, Real) and 0 <= reserve_fraction < 1):
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
@@ -124,8 +138,12 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     pb = PRECISION_BYTES[precision]
     phi_layer = 12 * hidden**2
     act = layers * activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute) * pb // 2
+    # With recompute, backward rebuilds one layer's full activations before using them: s·b·h·(34 + 5as/h).
+    recompute_layer = (activation_bytes_per_layer(seq_len, micro_batch, hidden, heads) * pb // 2) if recompute else 0
+    logits = (pb + 4) * seq_len * micro_batch * vocab  # the head's output, plus its fp32 copy for the softmax/loss
     working = pb * phi_layer * (2 if prefetch else 1) + pb * phi_layer
+    extra = working + act + recompute_layer + logits
     state = [math.ceil(_exact(f)) for f in (m_ddp(phi), m_zero1(phi, gpus), m_zero2(phi, gpus), m_zero3(phi, gpus))]
     return Plan(phi, gpus, mem, stage, precision, seq_len, micro_batch, layers, hidden, heads, bool(recompute),
-                bool(prefetch), reserve_fraction, assumptions, phi_layer, act, working, *state, n_min(phi, mem),
-                *(_gpus_needed(stage, phi, working + act, u) for u in (mem, mem * (1 - reserve_fraction))))
+                bool(prefetch), reserve_fraction, assumptions, phi_layer, act, recompute_layer, logits, vocab, working,
+                *state, n_min(phi, mem), *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))))

@@ -1,5 +1,7 @@
 """The quiz as an ipywidgets form for the notebooks: pick answers, Submit, read feedback under each
-question and a score summary (with the partial-credit rule), then Retry.
+question (green: right, amber: partly, red: wrong) and a score summary (with the partial-credit rule), then
+Retry. It shows the best score and the earlier attempts from the progress file, and Submit warns once before
+grading questions left blank.
 
 Everything a button does is also a method (`select`, `submit`, `retry`) and everything shown can be read
 back (`feedback_text`, `score`, `summary_text`), so tests drive it from Python with no browser:
@@ -16,11 +18,37 @@ import ipywidgets as widgets
 
 from fsdp_lab.lessons.quiz.bank import load_chapter_by_key
 from fsdp_lab.lessons.quiz.scoring import QuizRun
-from fsdp_lab.lessons.quiz.progress import ProgressStore
-from fsdp_lab.lessons.quiz.questions import Chapter, QuestionType, msg
+from fsdp_lab.lessons.quiz.progress import ProgressFileError, ProgressStore, read_progress
+from fsdp_lab.lessons.quiz.questions import Chapter, QuestionType, msg, points
 from fsdp_lab.lessons.quiz.terminal import summary
 
+from fsdp_lab.lessons.widgets.static import QuietRepr
+
 _FULL_WIDTH = widgets.Layout(width="100%")
+_DIFFICULTY = {"zh": {"easy": "易", "mid": "中", "hard": "难"}}
+_VERDICT_COLOUR = ("#b91c1c", "#b45309", "#15803d")  # wrong, partly right, right
+_TEXT = {
+    "en": {"blank": "{n} question(s) left blank ({which}): a blank question scores 0. Press Submit again to "
+                    "submit anyway.",
+           "history": "Your earlier attempts at this chapter: {n}; best score {best} / {max}; latest {latest} / {max}"
+                      " ({when}).",
+           "no_history": "No earlier attempt at this chapter in your progress file."},
+    "zh": {"blank": "还有 {n} 题未作答（{which}），未作答的题得 0 分。再按一次提交即可照常提交。",
+           "history": "本章之前的作答：{n} 次；最高分 {best} / {max}；最近一次 {latest} / {max}（{when}）。",
+           "no_history": "进度文件中还没有本章的作答记录。"},
+}
+
+
+class _QuizBox(QuietRepr, widgets.VBox):
+    """The quiz's box: no Python repr in a notebook opened before it runs."""
+
+
+def _display_path(path: Path) -> str:
+    """The progress file as a learner would type it: ~/… under the home directory, else just its name."""
+    try:
+        return "~/" + str(Path(path).expanduser().resolve().relative_to(Path.home().resolve()))
+    except ValueError:
+        return Path(path).name
 
 
 def _html(text: str) -> str:
@@ -39,13 +67,15 @@ class QuizWidget:
         else:
             self.store = progress if isinstance(progress, ProgressStore) else ProgressStore(progress)
         self.notice = ""
+        self._blank_warned = False
         self.run = QuizRun(chapter, lang, seed)
         self.controls = [self._control(i) for i in range(len(self.run))]
         self.feedback = [widgets.HTML() for _ in self.run.shown]
         self.summary = widgets.HTML()
+        self.history = widgets.HTML(self._history_html())
         self.submit_button = widgets.Button(description=msg(lang, "submit"), button_style="primary")
         self.retry_button = widgets.Button(description=msg(lang, "retry"), disabled=True)
-        self.submit_button.on_click(self.submit)
+        self.submit_button.on_click(self._on_submit_click)
         self.retry_button.on_click(self.retry)
         heading = msg(lang, "header", key=chapter.key, title=chapter.title.get(lang), n=len(self.run))
         header = widgets.HTML(f"<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
@@ -53,10 +83,10 @@ class QuizWidget:
         for shown, control, fb in zip(self.run.shown, self.controls, self.feedback):
             q = shown.question
             title = msg(lang, "question", number=shown.number, total=len(self.run), type=msg(lang, q.type.value),
-                        difficulty=q.difficulty.value)
+                        difficulty=_DIFFICULTY.get(lang, {}).get(q.difficulty.value, q.difficulty.value))
             items.append(widgets.VBox([widgets.HTML(f"<b>{_html(title)}</b> {_html(shown.prompt)}"), control, fb]))
-        items += [widgets.HBox([self.submit_button, self.retry_button]), self.summary]
-        self.box = widgets.VBox(items)
+        items += [self.history, widgets.HBox([self.submit_button, self.retry_button]), self.summary]
+        self.box = _QuizBox(items)
 
     def _control(self, index: int) -> widgets.Widget:
         shown = self.run.shown[index]
@@ -87,19 +117,37 @@ class QuizWidget:
             return control.value or ""
         return "".join(letter for box, letter in zip(control.children, shown.letters) if box.value)
 
+    def blank_questions(self) -> list:
+        """Question numbers (1-based) with nothing selected."""
+        return [i + 1 for i in range(len(self.run)) if not self.selection(i)]
+
+    def _on_submit_click(self, _button=None) -> None:
+        """The Submit button: with questions left blank, warn once; the next click submits."""
+        blank = self.blank_questions()
+        if blank and not self._blank_warned:
+            self._blank_warned = True
+            which = ", ".join(f"Q{n}" for n in blank)
+            text = _TEXT[self.lang]["blank"].format(n=len(blank), which=which)
+            self.summary.value = f"<p style='color:{_VERDICT_COLOUR[1]}'><b>{_html(text)}</b></p>"
+            return
+        self.submit()
+
     def submit(self, _button=None) -> float:
         """Grade every question (no selection scores 0), show feedback and the summary, save progress."""
         for i in range(len(self.run)):
             answer = self.run.submit(i, self.selection(i))
-            chosen = answer.letters or msg(self.lang, "unanswered")
+            chosen = f"({answer.letters})" if answer.letters else msg(self.lang, "unanswered")
             fb = answer.feedback
-            parts = [f"<b>{_html(fb.verdict)}</b> ({_html(chosen)})", *map(_html, fb.lines), _html(fb.key),
-                     _html(fb.explanation)]
-            self.feedback[i].value = "<br>".join(p for p in parts if p)
+            colour = _VERDICT_COLOUR[2 if answer.grade.full else 1 if answer.grade.score > 0 else 0]
+            parts = [f"<b style='color:{colour}'>{_html(fb.verdict)}</b> {_html(chosen)}", *map(_html, fb.lines),
+                     _html(fb.key), _html(fb.explanation)]
+            self.feedback[i].value = (f"<div style='border-left:4px solid {colour};padding-left:8px'>"
+                                      + "<br>".join(p for p in parts if p) + "</div>")
         self._set_enabled(False)
         self._save()
         note = f"<p>{_html(self.notice)}</p>" if self.notice else ""
         self.summary.value = f"<p><b>{_html(self.summary_text)}</b></p>{note}"
+        self.history.value = self._history_html()
         return self.score
 
     def retry(self, _button=None) -> None:
@@ -109,6 +157,7 @@ class QuizWidget:
             self.select(i, "")
             fb.value = ""
         self.summary.value = ""
+        self._blank_warned = False
         self._set_enabled(True)
 
     # -- what tests and notebooks read -----------------------------------------------------------------------
@@ -131,12 +180,35 @@ class QuizWidget:
         self.submit_button.disabled = not enabled
         self.retry_button.disabled = enabled
 
+    def earlier_attempts(self) -> list:
+        """This chapter's attempts in the progress file, oldest first; read only (a bad file is left alone here:
+        saving an attempt is what moves it aside and says so)."""
+        if self.store is None:
+            return []
+        try:
+            progress = read_progress(self.store.path)
+        except (FileNotFoundError, ProgressFileError, OSError):
+            return []
+        return [a for a in progress.attempts if a.chapter == self.chapter.key]
+
+    def _history_html(self) -> str:
+        if self.store is None:
+            return ""
+        attempts, text = self.earlier_attempts(), _TEXT[self.lang]
+        if not attempts:
+            line = text["no_history"]
+        else:
+            best, latest = max(attempts, key=lambda a: a.score), attempts[-1]
+            line = text["history"].format(n=len(attempts), best=points(best.score), latest=points(latest.score),
+                                          max=latest.max, when=latest.finished[:16].replace("T", " "))
+        return f"<p style='color:#374151'>{_html(line)}</p>"
+
     def _save(self) -> None:
         if self.store is None:
             return
         try:
             self.notice = self.store.record(self.run.attempt(), self.name) or ""
-            self.notice = (self.notice + " " + msg(self.lang, "saved", path=self.store.path)).strip()
+            self.notice = (self.notice + " " + msg(self.lang, "saved", path=_display_path(self.store.path))).strip()
         except OSError as exc:
             self.notice = msg(self.lang, "not_saved", reason=exc)
 

@@ -22,6 +22,14 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def say(text: str, width: int = 108, indent: str = "   ") -> None:
+    """Print a long line wrapped between words (a notebook wraps a long output line mid-word)."""
+    import textwrap
+
+    print(textwrap.fill(text, width=width, subsequent_indent=indent, break_long_words=False,
+                        break_on_hyphens=False))
+
+
 def esc(text) -> str:
     return html.escape(str(text), quote=True)
 
@@ -33,16 +41,22 @@ def memory_total(mem: dict) -> int:
     return int(mem.get("total", sum(mem.get(k, 0) for k, _, _ in MEMORY_KINDS)))
 
 
-def show_figure(out, fig) -> None:
-    """Put a matplotlib Figure into an Output widget as its only output (a PNG). Safe from any thread: it sets
-    the widget's outputs instead of capturing display() calls, and it never touches pyplot's global figures."""
-    import base64
+def figure_png(fig) -> bytes:
+    """A matplotlib Figure as PNG bytes, drawn with the Agg canvas (no pyplot state)."""
     import io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     buf = io.BytesIO()
     FigureCanvasAgg(fig).print_png(buf)
-    image = base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
+
+
+def show_figure(out, fig) -> None:
+    """Put a matplotlib Figure into an Output widget as its only output (a PNG). Safe from any thread: it sets
+    the widget's outputs instead of capturing display() calls, and it never touches pyplot's global figures."""
+    import base64
+
+    image = base64.b64encode(figure_png(fig)).decode("ascii")
     out.outputs = ({"output_type": "display_data", "metadata": {},
                     "data": {"image/png": image, "text/plain": "<matplotlib figure>"}},)

@@ -114,6 +114,12 @@ class Household:
     memory: dict  # this rank's latest memory record by kind (bytes); cuda_allocated on GPU
     step: int
     last_event: Optional[dict] = None
+    reducing: Optional[str] = None  # the unit whose gradient is being reduce-scattered (its compute is over)
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """AdamW's moments for this rank's shards: in the fridge too, once the first optimizer step made them."""
+        return int(self.memory.get("optimizer_state", 0))
 
     @property
     def computing(self) -> Optional[str]:
@@ -122,7 +128,7 @@ class Household:
 
     @property
     def fridge_bytes(self) -> int:
-        return sum(self.fridge.values()) + sum(self.grad_shards.values())
+        return sum(self.fridge.values()) + sum(self.grad_shards.values()) + self.optimizer_bytes
 
     @property
     def table_bytes(self) -> int:
@@ -143,6 +149,11 @@ class FrameState:
     def label(self) -> str:
         return self.beat.label
 
+    @property
+    def phase(self) -> str:
+        """forward, backward or optimizer: where in the training step this event falls."""
+        return PHASE_OF.get(self.event.get("phase", ""), self.event.get("phase", ""))
+
     def household(self, rank: int) -> Household:
         for h in self.households:
             if h.rank == rank:
@@ -150,9 +161,21 @@ class FrameState:
         raise KeyError(f"rank {rank} not in this trace (ranks {[h.rank for h in self.households]})")
 
 
-def _fresh(rank: int, sizes: Sizes) -> dict:
+PHASE_OF = {"forward": "forward", "backward": "backward", "optimizer": "optimizer"}
+PHASES = (("forward", "前向 forward"), ("backward", "反向 backward"), ("optimizer", "优化器 optimizer step"))
+
+
+def _fresh(rank: int, sizes: Sizes, first: Optional[dict]) -> dict:
+    """A household before its first event of the trace: what it holds then is what its first record says it
+    held (shards, and the optimizer state of earlier steps), with nothing gathered yet."""
+    memory = dict(first.get("mem", {})) if first else {}
+    for key in ("params_unsharded", "grads_unsharded"):
+        if memory.get(key):
+            memory["total"] = memory.get("total", 0) - memory[key]
+            memory[key] = 0
     return {"rank": rank, "fridge": {u: s.shard_bytes for u, s in sizes.units.items()}, "grad_shards": {},
-            "table": {}, "arriving": [], "busy": [], "memory": {}, "step": 0, "last_event": None}
+            "table": {}, "arriving": [], "busy": [], "memory": memory, "step": first.get("step", 0) if first else 0,
+            "last_event": None, "reducing": None}
 
 
 def _apply(h: dict, e: dict, sizes: Sizes) -> None:
@@ -162,6 +185,8 @@ def _apply(h: dict, e: dict, sizes: Sizes) -> None:
     size = sizes.units.get(unit, UnitSize(0, 0))
     h["memory"], h["step"], h["last_event"] = e.get("mem", {}), e.get("step", h["step"]), e
     busy = h["busy"]
+    if h["reducing"] == unit and name != "reduce_scatter":
+        h["reducing"] = None
     if name in ("gather_start", "regather_start"):
         if unit not in h["arriving"]:
             h["arriving"].append(unit)
@@ -180,8 +205,12 @@ def _apply(h: dict, e: dict, sizes: Sizes) -> None:
             h["table"].pop(unit, None)
     elif name in ("reduce_scatter", "all_reduce"):
         h["grad_shards"][unit] = size.shard_bytes
+        if unit in busy:  # its gradient is computed; the leftovers are on their way home, not being cooked
+            busy.remove(unit)
+        h["reducing"] = unit
     elif name in ("backward_end", "optimizer_step"):
         busy.clear()
+        h["reducing"] = None
     mem = h["memory"]
     if mem and not mem.get("grads_sharded", 0) and not mem.get("grads_unsharded", 0):
         h["grad_shards"] = {}  # zero_grad(set_to_none=True) has emptied the leftovers
@@ -195,11 +224,13 @@ def frame(events: list, index: int, sizes: Optional[Sizes] = None) -> FrameState
         raise IndexError(f"frame index {index} out of range: the trace has {len(events)} events (0..{len(events) - 1})")
     sizes = sizes or unit_sizes(events)
     ranks = sorted({e["rank"] for e in events})
-    state = {r: _fresh(r, sizes) for r in ranks}
+    first = {r: next(e for e in events if e["rank"] == r) for r in ranks}
+    state = {r: _fresh(r, sizes, first[r]) for r in ranks}
     for e in events[:index + 1]:
         _apply(state[e["rank"]], e, sizes)
     homes = tuple(Household(h["rank"], dict(h["fridge"]), dict(h["grad_shards"]), dict(h["table"]),
-                            tuple(h["arriving"]), tuple(h["busy"]), dict(h["memory"]), h["step"], h["last_event"])
+                            tuple(h["arriving"]), tuple(h["busy"]), dict(h["memory"]), h["step"], h["last_event"],
+                            h["reducing"])
                   for h in state.values())
     event = events[index]
     return FrameState(index, len(events), event, beat_of(event), event["t"] - events[0]["t"], homes, sizes.exact)

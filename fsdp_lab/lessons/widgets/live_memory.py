@@ -21,8 +21,10 @@ from typing import Optional
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from fsdp_lab.lessons.widgets.fmt import esc, memory_total, show_figure
+from fsdp_lab.lessons.widgets.fmt import esc, figure_png, memory_total, show_figure
+from fsdp_lab.lessons.widgets.frames import beat_of
 from fsdp_lab.lessons.widgets.sources import NoShippedTrace, load_gpu_trace
+from fsdp_lab.lessons.widgets.static import QuietRepr
 from fsdp_lab.observe.trace import FileCursor
 
 _UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
@@ -36,9 +38,32 @@ def byte_unit(max_bytes: float) -> tuple:
     return "bytes", 1
 
 
-class LiveMemoryChart(widgets.VBox):
+_SHORT_BEAT = {"gather": "gather", "compute": "compute", "free": "free", "regather": "re-gather",
+               "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce", "backward_end": "bwd done",
+               "optimizer": "optimizer"}
+
+
+def beat_spans(events: list, rank: int = 0) -> list:
+    """(first index, last index, beat, unit) runs of `rank`'s beats over a merged trace's event indices: each of
+    the rank's events opens a span that lasts until its next event; neighbouring spans of one beat and unit merge."""
+    mine = [i for i, e in enumerate(events) if e["rank"] == rank]
+    out = []
+    for k, i in enumerate(mine):
+        end = mine[k + 1] - 1 if k + 1 < len(mine) else len(events) - 1
+        beat, unit = beat_of(events[i]), events[i]["unit"]
+        if out and out[-1][2] is beat and out[-1][3] == unit:
+            out[-1] = (out[-1][0], end, beat, unit)
+        else:
+            out.append((i, end, beat, unit))
+    return out
+
+
+class LiveMemoryChart(QuietRepr, widgets.VBox):
     def __init__(self, trace_dir, *, total_steps: Optional[int] = None, world_size: Optional[int] = None,
-                 title: str = "memory per rank", provenance: str = ""):
+                 title: str = "memory per rank", provenance: str = "", focus_step: Optional[int] = None):
+        """`focus_step`: the step drawn event by event on the right (default: the latest); pass the step the
+        potluck plays so both show the same events."""
+        self.focus_step = focus_step
         self.trace_dir = Path(trace_dir)
         self.total_steps, self.world_size = total_steps, world_size
         self.events: dict = {}  # rank → its events, in file order
@@ -49,7 +74,7 @@ class LiveMemoryChart(widgets.VBox):
         self._poller: Optional[threading.Thread] = None
         self.result, self.error = None, None
         self.chart_title = title
-        expected = (total_steps or 0) * (world_size or 0)
+        expected = total_steps or 0
         self.progress = widgets.IntProgress(value=0, min=0, max=max(expected, 1), description="steps",
                                             bar_style="info")
         self.status = widgets.HTML()
@@ -82,14 +107,23 @@ class LiveMemoryChart(widgets.VBox):
 
     @property
     def steps_done(self) -> int:
-        return sum(1 for ev in self.events.values() for e in ev if e["event"] == "optimizer_step")
+        """Training steps every rank has finished (each rank records its own optimizer_step)."""
+        counts = [sum(1 for e in ev if e["event"] == "optimizer_step") for ev in self.events.values()]
+        if self.world_size and len(counts) < self.world_size:
+            return 0
+        return min(counts, default=0)
+
+    def static_png(self) -> Optional[bytes]:
+        """The chart as it stands; nothing before the first trace line (an empty chart teaches nothing)."""
+        return figure_png(self.figure()) if self.events else None
 
     # -- drawing ---------------------------------------------------------------------------------------------
     def figure(self) -> Figure:
-        """Left: the whole job against time. Right: the latest step alone, where the sawtooth of gather and
-        free is visible even when start-up takes most of the wall time."""
-        fig = Figure(figsize=(10, 3.4), dpi=100, layout="constrained")
-        whole, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1]})
+        """Left: the whole job against time. Right: one step event by event (the potluck's slider numbers), each
+        of rank 0's beats shaded and labelled with its unit, so the sawtooth of gather and free reads as the
+        lifecycle even when start-up takes most of the wall time."""
+        fig = Figure(figsize=(11, 3.8), dpi=100, layout="constrained")
+        whole, zoom = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.5]})
         peak = max((memory_total(e.get("mem", {})) for ev in self.events.values() for e in ev), default=0)
         unit, size = byte_unit(peak)
         on_gpu = any("cuda_allocated" in e.get("mem", {}) for ev in self.events.values() for e in ev)
@@ -99,17 +133,18 @@ class LiveMemoryChart(widgets.VBox):
         whole.set_xlabel("time since the job's first event (s)")
         whole.set_title("the whole job (dotted: optimizer steps)", fontsize=9)
         last = max((e.get("step", 0) for ev in self.events.values() for e in ev), default=0)
-        in_step = {r: [e for e in ev if e.get("step", 0) == last] for r, ev in self.events.items()}
-        t_step = min((ev[0]["t"] for ev in in_step.values() if ev), default=0.0)
-        self._plot(zoom, in_step, t_step, size, 1000.0, on_gpu)
-        zoom.set_xlabel(f"time since step {last} began (ms)")
-        zoom.set_title(f"step {last} alone: gather ↑, free ↓, reduce-scatter, optimizer", fontsize=9)
-        whole.set_ylim(bottom=0)  # the zoom keeps matplotlib's limits: its job is the shape of one step
+        step = last if self.focus_step is None else min(self.focus_step, last)
+        merged = sorted((e for ev in self.events.values() for e in ev if e.get("step", 0) == step),
+                        key=lambda e: (e["t"], e["rank"]))
+        self._plot_beats(zoom, merged, size)
+        zoom.set_xlabel(f"event of step {step} (the potluck's slider), both ranks merged in time order (count)")
+        zoom.set_title(f"step {step}, event by event: rank 0's beats shaded and labelled", fontsize=9)
+        whole.set_ylim(bottom=0)
         for ax in (whole, zoom):
             ax.set_ylabel(f"memory ({unit})")
             ax.grid(alpha=0.3)
             if self.events:
-                ax.legend(loc="upper left", fontsize=8)
+                ax.legend(loc="lower right", fontsize=8)
             else:
                 ax.text(0.5, 0.5, "waiting for the first trace lines…", ha="center", va="center",
                         transform=ax.transAxes, color="#6b7280")
@@ -132,14 +167,40 @@ class LiveMemoryChart(widgets.VBox):
                     if e["event"] == "optimizer_step":
                         ax.axvline((e["t"] - t0) * time_scale, color="#9ca3af", linestyle=":", linewidth=1)
 
+    @staticmethod
+    def _plot_beats(ax, merged: list, size: int) -> None:
+        """Each rank's memory after each event of one step, against the event index; rank 0's beats as shaded,
+        labelled spans."""
+        if not merged:
+            return
+        top = max(memory_total(e.get("mem", {})) for e in merged) / size
+        for lo, hi, beat, unit in beat_spans(merged, rank=min(e["rank"] for e in merged)):
+            ax.axvspan(lo - 0.5, hi + 0.5, color=beat.colour, alpha=0.16, linewidth=0)
+            ax.text((lo + hi) / 2, top * 1.02, f"{unit} · {_SHORT_BEAT.get(beat.key, beat.en)}", rotation=90,
+                    ha="center", va="bottom", fontsize=6.5, color=beat.colour)
+        styles = ("-", "--", "-.", ":")
+        for i, rank in enumerate(sorted({e["rank"] for e in merged})):
+            xs, ys, current = [], [], None
+            for k, e in enumerate(merged):
+                if e["rank"] == rank:
+                    current = memory_total(e.get("mem", {})) / size
+                if current is not None:
+                    xs.append(k)
+                    ys.append(current)
+            ax.step(xs, ys, where="post", label=f"rank {rank}", linestyle=styles[i % 4],
+                    linewidth=2.2 if i == 0 else 1.5)
+        ax.set_xlim(-0.5, len(merged) - 0.5)
+        ax.set_ylim(0, top * 1.75)
+
     def _redraw(self) -> None:
         show_figure(self.out, self.figure())
         done = self.steps_done
         self.progress.max = max(self.progress.max, done, 1)
         self.progress.value = done
         n_events = sum(len(ev) for ev in self.events.values())
-        self.status.value = (f"<span style='font-size:12px'>{len(self.events)} rank file(s), {n_events} events, "
-                             f"{done} optimizer step(s) seen</span>")
+        of = f" of {self.total_steps}" if self.total_steps else ""
+        self.status.value = (f"<span style='font-size:12px'>{len(self.events)} rank file(s), {n_events} events; "
+                             f"{done}{of} training step(s) done on every rank</span>")
 
     # -- following a job -------------------------------------------------------------------------------------
     def follow(self, poll_s: float = 0.5) -> "LiveMemoryChart":
@@ -177,7 +238,7 @@ class LiveMemoryChart(widgets.VBox):
     @classmethod
     def run(cls, world_size: int = 2, steps: int = 3, strategy: str = "FULL_SHARD", preset: str = "tiny",
             device: str = "auto", trace_dir=None, poll_s: float = 0.3, timeout_s: float = 120.0,
-            step_sleep_s: float = 0.0, **run_kwargs) -> "LiveMemoryChart":
+            step_sleep_s: float = 0.0, focus_step: Optional[int] = None, **run_kwargs) -> "LiveMemoryChart":
         """Start a real traced job (fsdp_lab.lessons.widgets.runs.record_lifecycle) in a thread and follow its files."""
         import tempfile
 
@@ -188,8 +249,8 @@ class LiveMemoryChart(widgets.VBox):
             old.unlink()
         device = resolve_device(device)
         chart = cls(trace_dir, total_steps=steps, world_size=world_size,
-                    title=f"{world_size} ranks, {strategy}, {preset}, {device}",
-                    provenance=f"live run now: trace files in {trace_dir}")
+                    title=f"{world_size} ranks, {strategy}, {preset}, {device}", focus_step=focus_step,
+                    provenance="live run now: each rank appends its trace file as it goes")
 
         def job():
             try:

@@ -14,7 +14,8 @@ from typing import Optional
 import ipywidgets as widgets
 from matplotlib.figure import Figure
 
-from fsdp_lab.lessons.widgets.fmt import esc, human_bytes, show_figure
+from fsdp_lab.lessons.widgets.fmt import esc, figure_png, human_bytes, show_figure
+from fsdp_lab.lessons.widgets.static import QuietRepr
 from fsdp_lab.theory import formulas, planner
 
 STAGE_FORMULA = {"DDP": ("16Φ", lambda phi, n: formulas.m_ddp(phi)),
@@ -96,7 +97,7 @@ class MeasuredPoint:
                    f"rank {rank} after its last optimizer step")
 
 
-class Planner(widgets.VBox):
+class Planner(QuietRepr, widgets.VBox):
     def __init__(self, measured: Optional[MeasuredPoint] = None, phi: float = 7e9, n: int = 8,
                  gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16"):
         self.measured = measured
@@ -164,8 +165,13 @@ class Planner(widgets.VBox):
                 f"({esc(stage)}, Φ = {_short(phi)}, N = {n})<br>"
                 f"M<sub>{esc(stage)}</sub> = {expr} = <b>{gb(fn(phi, n))}</b> per GPU (states only)<br>"
                 f"+ one unit's working copies {gb(p.working_bytes)} + activations {gb(p.activation_bytes)} "
+                f"+ logits and their fp32 loss copy {gb(p.logits_bytes)} "
                 f"(seq {p.seq_len}, micro-batch {p.micro_batch}, {p.precision}) = peak <b>{gb(p.peak_bytes(stage))}"
                 f"</b>: {verdict(p.fits(stage))} in {self.gpu.value} GB<br>"
+                f"<span style='color:#6b7280'>Precision sets the working copies, activations and logits "
+                f"({planner.PRECISION_BYTES[p.precision]} bytes a value), so it moves the peak. The states do not "
+                f"move: the article counts fp32 master weights, gradients and Adam moments (16 bytes a parameter) "
+                f"whatever the compute precision.</span><br>"
                 f"N<sub>min</sub> = ⌈16Φ / M<sub>GPU</sub>⌉ = <b>{p.n_min}</b>; with activations: "
                 f"{nmin(p.n_min_with_activations)}; keeping {p.reserve_fraction:.0%} free: "
                 f"{nmin(p.n_min_with_reserve)}<br>"
@@ -187,38 +193,48 @@ class Planner(widgets.VBox):
                f"which the formula does not count." if diff == m.step_tensor_bytes and diff else "")
         return (f"<div style='font-size:13px;line-height:20px'><b>measured 实测</b> ({esc(m.label)})<br>"
                 f"Φ = {m.phi:,}, padded P = {m.numel_padded_total:,}, N = {m.n}. Formula: "
-                f"runtime_state_bytes({esc(m.strategy)}) = {human_bytes(want.total)}; the article's "
+                f"runtime_state_bytes({esc(m.strategy)}) = {human_bytes(want.total)}; the ZeRO formula "
                 f"{esc(STAGE_FORMULA[STAGE_OF[m.strategy]][0])} = "
                 f"{human_bytes(STAGE_FORMULA[STAGE_OF[m.strategy]][1](m.phi, m.n))}<br>"
                 f"<table style='{_TABLE}'><tr><th>kind</th><th>measured</th>"
                 f"<th>formula</th><th>diff</th></tr>{rows}</table>{why}</div>")
 
+    def static_png(self) -> bytes:
+        return figure_png(self.figure())
+
     def figure(self) -> Figure:
+        """Left: each stage's states against N (DDP and ZeRO-3 from the article, ZeRO-1/2 from the ZeRO paper).
+        Right: the peak of each stage at the chosen Φ, N and precision, split into its parts, against the card."""
         fig = Figure(figsize=(10, 3.4), dpi=100, layout="constrained")
         left, right = fig.subplots(1, 2)
-        phi, n = round(self.phi.value), self.n.value
+        phi, n, p = round(self.phi.value), self.n.value, self.plan
         ns = [2**k for k in range(11)]
         for s, (_expr, fn) in STAGE_FORMULA.items():
             bold = s == self.strategy.value
             left.plot(ns, [fn(phi, k) / formulas.GB for k in ns], marker="o" if bold else None, markersize=3,
                       linewidth=2.4 if bold else 1.1, label=s)
-        p_demo = 2**20  # any P divisible by every N plotted: the curve is bytes per (padded) parameter
-        for runtime, dash in (("NO_SHARD", "-"), ("ZERO1", "-"), ("SHARD_GRAD_OP", "--"), ("FULL_SHARD", ":")):
-            bold = self.measured is not None and self.measured.strategy == runtime
-            right.plot(ns, [formulas.runtime_state_bytes(runtime, p_demo, k).total / p_demo for k in ns],
-                       linestyle=dash, linewidth=2.4 if bold else 1.2, label=runtime)
         left.axhline(self.gpu.value, color="#b91c1c", linestyle="--", linewidth=1, label="GPU memory")
-        left.plot([n], [STAGE_FORMULA[self.strategy.value][1](phi, n) / formulas.GB], "k*", markersize=12)
+        left.plot([n], [STAGE_FORMULA[self.strategy.value][1](phi, n) / formulas.GB], "k*", markersize=12,
+                  label=f"your N = {n}")
         left.set(xscale="log", yscale="log", xlabel="N (GPUs)", ylabel="states per GPU (GB)",
-                 title=f"formula: Φ = {_short(phi)} on N GPUs (★ = your N)")
-        right.set(xscale="log", yscale="log", xlabel="N (ranks)", ylabel="state bytes per parameter (bytes)",
-                  title="runtime state per parameter (lines), measured (★)")
-        if self.measured is not None:
-            m = self.measured
-            right.plot([m.n], [m.measured["total"] / m.numel_padded_total], "k*", markersize=14,
-                       label=f"measured, N={m.n}")
-        for ax in (left, right):
-            ax.set_xticks(ns, [str(k) for k in ns], fontsize=7)
-            ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=7)
+                 title=f"states (16Φ convention): Φ = {_short(phi)} on N GPUs")
+        left.set_xticks(ns, [str(k) for k in ns], fontsize=7)
+        left.grid(alpha=0.3, which="both")
+        left.legend(fontsize=7)
+        parts = (("states", lambda s: p.state_bytes(s), "#60a5fa"), ("working copies", lambda s: p.working_bytes,
+                 "#a855f7"), ("activations", lambda s: p.activation_bytes + p.recompute_layer_bytes, "#f97316"),
+                 ("logits + loss copy", lambda s: p.logits_bytes, "#facc15"))
+        x = range(len(planner.STAGES))
+        bottom = [0.0] * len(planner.STAGES)
+        for label, value, colour in parts:
+            heights = [value(s) / formulas.GB for s in planner.STAGES]
+            right.bar(x, heights, 0.6, bottom=bottom, color=colour, label=label,
+                      edgecolor=["black" if s == self.strategy.value else colour for s in planner.STAGES])
+            bottom = [b + h for b, h in zip(bottom, heights)]
+        right.axhline(self.gpu.value, color="#b91c1c", linestyle="--", linewidth=1, label="GPU memory")
+        right.set_xticks(list(x), list(planner.STAGES))
+        right.set(xlabel="ZeRO stage", ylabel="peak per GPU (GB)",
+                  title=f"peak at N = {n}, {p.precision}, seq {p.seq_len}, micro-batch {p.micro_batch}")
+        right.grid(alpha=0.3, axis="y")
+        right.legend(fontsize=7)
         return fig

@@ -14,12 +14,34 @@ from typing import Optional
 
 import ipywidgets as widgets
 
-from fsdp_lab.lessons.widgets.frames import FrameState, Sizes, frame, unit_sizes
-from fsdp_lab.lessons.widgets.potluck_view import Scale, render_frame, render_message
+from fsdp_lab.lessons.widgets.frames import PHASE_OF, FrameState, Sizes, beat_of, frame, unit_sizes
+from fsdp_lab.lessons.widgets.potluck_view import Scale, render_frame, render_message, render_phase_strip
 from fsdp_lab.lessons.widgets.sources import NoShippedTrace, load_gpu_trace
+from fsdp_lab.lessons.widgets.static import QuietRepr
 
 
-class PotluckLifecycle(widgets.VBox):
+def phase_spans(events: list) -> dict:
+    """phase → (first index, last index) of its events in this trace."""
+    out: dict = {}
+    for i, e in enumerate(events):
+        key = PHASE_OF.get(e.get("phase", ""))
+        if key:
+            lo, _hi = out.get(key, (i, i))
+            out[key] = (lo, i)
+    return out
+
+
+def next_beat_index(events: list, index: int) -> int:
+    """The first event after `index` at which the same household starts another beat (another beat or another
+    unit); the last event when none does. Ranks interleave in a merged trace, so the household is held fixed."""
+    rank, here = events[index]["rank"], (beat_of(events[index]).key, events[index]["unit"])
+    for j in range(index + 1, len(events)):
+        if events[j]["rank"] == rank and (beat_of(events[j]).key, events[j]["unit"]) != here:
+            return j
+    return len(events) - 1
+
+
+class PotluckLifecycle(QuietRepr, widgets.VBox):
     """Households (ranks), their fridges (shards) and tables (gathered units), stepping through a trace."""
 
     def __init__(self, events: Optional[list] = None, *, step: Optional[int] = None, sizes: Optional[Sizes] = None,
@@ -41,20 +63,33 @@ class PotluckLifecycle(widgets.VBox):
                                         continuous_update=True, disabled=not self.events,
                                         layout=widgets.Layout(width="460px"))
         self._link = widgets.link((self.play, "value"), (self.slider, "value"))
+        self.next_button = widgets.Button(description="next beat ⏭", disabled=not self.events,
+                                          tooltip="jump to the next beat (another beat or another unit)",
+                                          layout=widgets.Layout(width="120px"))
+        self.next_button.on_click(lambda _b: self.next_beat())
+        self.phase_strip = widgets.HTML(layout=widgets.Layout(width="600px"))
         self.state: Optional[FrameState] = None
         if self.events:
             self._sizes = sizes or unit_sizes(self.events)
             self._scale = Scale.of(self.events, self._sizes)
+            self._phases = phase_spans(self.events)
             self.slider.observe(self._redraw, names="value")
             self._redraw()
         else:
             self.view.value = render_message(message or "This trace has no events to play.")
-        controls = widgets.HBox([self.play, self.slider])
-        super().__init__([w for w in (self.title, self.source) if w.value] + [controls, self.view])
+        controls = widgets.HBox([self.play, self.slider, self.next_button])
+        strip = [self.phase_strip] if self.events else []
+        super().__init__([w for w in (self.title, self.source) if w.value] + [controls] + strip + [self.view])
 
     def _redraw(self, _change=None) -> None:
         self.state = frame(self.events, self.slider.value, self._sizes)
         self.view.value = render_frame(self.state, self._sizes, self._scale)
+        self.phase_strip.value = render_phase_strip(self.state.phase, self.state.index, len(self.events),
+                                                    self._phases)
+
+    def next_beat(self) -> FrameState:
+        """Jump to the first event of the next beat (what the "next beat" button does)."""
+        return self.show(next_beat_index(self.events, self.slider.value))
 
     def show(self, index: int) -> FrameState:
         """Jump to event `index` (as dragging the slider would) and return the frame shown."""
@@ -75,7 +110,7 @@ class PotluckLifecycle(widgets.VBox):
     def from_lifecycle_run(cls, run, **kwargs) -> "PotluckLifecycle":
         step = kwargs.get("step")
         source = (f"real run: {run.world_size} ranks, {run.strategy}, preset {run.preset!r}, device {run.device}"
-                  f"{'' if step is None else f', step {step}'}; trace in {run.trace_dir}")
+                  f"{'' if step is None else f', step {step}'}")
         return cls(run.events, sizes=run.sizes, title="百家宴 the potluck: a training step, event by event",
                    source=source, **kwargs)
 

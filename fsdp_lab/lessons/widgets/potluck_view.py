@@ -11,6 +11,7 @@ from fsdp_lab.lessons.widgets.fmt import MEMORY_KINDS, esc, human_bytes, memory_
 from fsdp_lab.lessons.widgets.frames import BEATS, FrameState, Household, Sizes
 
 _GATHER = BEATS["gather"].colour  # a unit still arriving on the table
+_REDUCE = BEATS["reduce_scatter"].colour  # a unit whose gradient is being reduce-scattered
 _UNIT_PX = 150  # bar length of the largest gathered unit
 # Explicit line heights: ipywidgets gives HTML content the 28 px line height of an input row.
 _FONT = "font-family:system-ui,-apple-system,'Segoe UI',sans-serif;font-size:13px;color:#111827;line-height:19px"
@@ -22,12 +23,15 @@ class Scale:
 
     full_max: int  # one byte scale for fridge and table: a gathered unit is visibly N times its shard
     memory_max: int
+    fridge_max: int = 1  # the AdamW row's scale: the largest optimizer state in the trace
+
 
     @classmethod
     def of(cls, events: list, sizes: Sizes) -> "Scale":
         full = max((max(s.full_bytes, s.shard_bytes) for s in sizes.units.values()), default=1)
         mem = max((memory_total(e.get("mem", {})) for e in events), default=1)
-        return cls(max(full, 1), max(mem, 1))
+        adam = max((e.get("mem", {}).get("optimizer_state", 0) for e in events), default=1)
+        return cls(max(full, 1), max(mem, 1), max(adam, full, 1))
 
 
 def _bar(fraction: float, colour: str, width_px: int, style: str = "solid") -> str:
@@ -53,6 +57,12 @@ def _fridge(h: Household, scale: Scale) -> str:
             body += _bar(h.grad_shards[unit] / scale.full_max, "#f97316", _UNIT_PX)
             note += f" + grad {human_bytes(h.grad_shards[unit])}"
         rows.append(_row(unit, body, note))
+    if h.optimizer_bytes:
+        rows.append(_row("Adam", _bar(h.optimizer_bytes / scale.fridge_max, "#34d399", _UNIT_PX),
+                         f"{human_bytes(h.optimizer_bytes)} · AdamW moments of its shards 优化器状态"))
+    else:
+        rows.append(_row("Adam", "<span style='color:#9ca3af'>none yet: AdamW makes its moments at the first "
+                                 "optimizer step</span>"))
     return "".join(rows)
 
 
@@ -61,9 +71,10 @@ def _table(h: Household, units: dict, scale: Scale) -> str:
     for unit, size in units.items():
         frac = size.full_bytes / scale.full_max
         if unit in h.table:
-            computing = h.computing == unit
-            body = _bar(frac, "#16a34a" if computing else "#1d4ed8", _UNIT_PX)
+            computing, reducing = h.computing == unit, h.reducing == unit
+            body = _bar(frac, "#16a34a" if computing else _REDUCE if reducing else "#1d4ed8", _UNIT_PX)
             note = human_bytes(h.table[unit]) + (" · computing 计算中" if computing else
+                                                 " · reduce-scatter 归约回分" if reducing else
                                                  " · in use (outer unit)" if unit in h.busy else "")
             rows.append(_row(unit, body, note, "700" if computing else "400"))
         elif unit in h.arriving:
@@ -97,7 +108,7 @@ def _card(h: Household, state: FrameState, units: dict, scale: Scale) -> str:
             f"background:{'#ffffff' if active else '#f9fafb'}'>"
             f"<div style='font-size:14px;font-weight:700;margin-bottom:4px'>household 家 {h.rank} "
             f"<span style='font-weight:400;color:#6b7280'>(rank {h.rank}, step {h.step})</span></div>"
-            f"<div style='font-weight:600;margin-top:2px'>冰箱 fridge · its own 1/N shards "
+            f"<div style='font-weight:600;margin-top:2px'>冰箱 fridge · its own 1/N shards and their optimizer state "
             f"<span style='font-weight:400'>{human_bytes(h.fridge_bytes)}</span></div>{_fridge(h, scale)}"
             f"<div style='font-weight:600;margin-top:6px'>长桌 long table · gathered full units "
             f"<span style='font-weight:400'>{human_bytes(h.table_bytes)}</span></div>"
@@ -135,3 +146,23 @@ def render_message(text: str) -> str:
     """A friendly box instead of a frame (e.g. no GPU trace shipped)."""
     return (f"<div style='{_FONT};border:1px solid #fcd34d;background:#fffbeb;border-radius:8px;padding:10px'>"
             f"{esc(text)}</div>")
+
+
+def render_phase_strip(phase: str, index: int, total: int, phase_spans: dict) -> str:
+    """Forward | backward | optimizer step, each as wide as its share of the events (never too narrow to read),
+    the current one filled in; the slider already shows the position within the step."""
+    from fsdp_lab.lessons.widgets.frames import PHASES
+
+    cells = []
+    for key, label in PHASES:
+        lo, hi = phase_spans.get(key, (0, -1))
+        if hi < lo:
+            continue
+        now = key == phase
+        cells.append(f"<div style='flex:{hi - lo + 1} 1 0;min-width:150px;text-align:center;padding:2px 0;"
+                     f"border-radius:4px;background:{'#0f766e' if now else '#e5e7eb'};"
+                     f"color:{'#fff' if now else '#374151'};font-weight:{'700' if now else '400'};white-space:nowrap'>"
+                     f"{esc(label)}{' ◀ now' if now else ''}</div>")
+    return (f"<div style='display:flex;gap:2px;margin:4px 0 6px 0;font-size:13px;line-height:19px' "
+            f"title='event {index} of 0–{total - 1}'>"
+            f"{''.join(cells)}</div>")

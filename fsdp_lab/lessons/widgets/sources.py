@@ -17,6 +17,20 @@ from fsdp_lab.observe import trace
 GPU_TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "gpu_traces"
 
 
+NO_TRACE_LINE = ("no GPU trace ships with the course yet: they are recorded on a GPU machine with "
+                 "scripts/record_gpu_traces.py; until then the CPU run above shows the same lifecycle with exact "
+                 "byte counts.")
+
+
+def gpu_trace_note() -> str:
+    """One line for a chapter: which GPU recorded the shipped traces, or that none ship yet."""
+    names = list_gpu_traces()
+    if not names:
+        return "No GPU trace ships with the course yet: record them on a GPU machine with scripts/record_gpu_traces.py."
+    described = [load_gpu_trace(name).describe() for name in names]
+    return "GPU traces shipped with the course: " + "; ".join(described)
+
+
 class NoShippedTrace(FileNotFoundError):
     """No GPU trace is shipped (yet): the message says where we looked and how to record one."""
 
@@ -69,9 +83,7 @@ def load_gpu_trace(name: Optional[str] = None, root: Optional[Path] = None) -> S
     root = Path(root) if root else GPU_TRACE_DIR
     found = _candidates(root)
     if not found:
-        raise NoShippedTrace(f"no GPU trace is shipped in {root} (looked for <name>/rank*.jsonl and <name>.jsonl). "
-                             f"On a machine with a GPU, record one with the course's GPU recording script; "
-                             f"meanwhile the CPU run above shows the same lifecycle with exact byte counts.")
+        raise NoShippedTrace(NO_TRACE_LINE)
     if name is None:
         name = next(iter(found))
     if name not in found:
