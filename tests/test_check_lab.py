@@ -60,8 +60,15 @@ def _status(chapters):
 def test_chapter_plan_cpu_with_gloo():
     status = _status(check.chapter_plan(gpu_count=0, gloo_ok=True))
     assert len(status) == 11 and list(status) == [f"{i:02d}" for i in range(11)]
-    assert [status[c] for c in ("03", "06")] == ["mixed"] * 2  # live ranks, GPU memory replayed
+    assert [status[c] for c in ("03", "06")] == ["mixed"] * 2  # live ranks, no GPU memory here
     assert all(status[c] == "live" for c in ("00", "01", "02", "04", "05", "07", "08", "09", "10"))
+
+
+def test_chapter_plan_says_whether_gpu_traces_ship():
+    none = check.chapter_plan(gpu_count=0, gloo_ok=True)[3].how
+    shipped = check.chapter_plan(gpu_count=0, gloo_ok=True, gpu_traces_ship=True)[3].how
+    assert "no GPU traces ship yet" in none and "replays" not in none
+    assert "replays the shipped GPU traces" in shipped
 
 
 def test_chapter_plan_without_gloo_replays_the_multi_rank_chapters():
@@ -106,7 +113,7 @@ def test_check_text_ends_with_a_verdict_on_a_cpu_machine(capsys, monkeypatch):
     out = capsys.readouterr().out
     verdict = out[out.index("Verdict:"):]
     assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 08, 09" in verdict
-    assert "replay shipped traces: none" in verdict and "FAILED" not in out  # nothing was tried, nothing failed
+    assert "show saved outputs only: none" in verdict and "FAILED" not in out  # nothing was tried, nothing failed
     assert "run live here: 07, 10" in verdict
     assert "2-rank gloo on 127.0.0.1: not checked (--no-gloo)" in out
     assert "GPUs torch can use (torch.cuda): none" in out
@@ -118,7 +125,7 @@ def test_check_exits_1_when_the_gloo_probe_fails(capsys, monkeypatch):
     assert cli.main(["check"]) == 1
     captured = capsys.readouterr()
     assert "2-rank gloo on 127.0.0.1: FAILED: rank 1: boom" in captured.out
-    assert "replay shipped traces: 00, 01, 02, 03, 04, 05, 06, 08, 09" in captured.out
+    assert "show saved outputs only: 00, 01, 02, 03, 04, 05, 06, 08, 09" in captured.out
     assert captured.err.strip() == "fsdp-lab check: the 2-rank gloo probe failed: rank 1: boom"
 
 

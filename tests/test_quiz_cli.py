@@ -48,7 +48,7 @@ def test_all_ten_in_chinese_through_stdin_with_partial_credit(tmp_path):
                          "\n".join(answers) + "\n", tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "第 1/10 题 [单选题 · easy] FSDP 的核心思想是什么？" in out
+    assert "第 1/10 题 [单选题 · 易] FSDP 的核心思想是什么？" in out
     assert "  A. 每张卡只存部分参数按需聚合" in out
     assert "答案：A。FSDP 的立身之本就是“分着存”" in out
     assert "部分正确：得 0.5 分（满分 1 分）。" in out

@@ -1,4 +1,4 @@
-"""`fsdp-lab check`: what this machine can run live, and what the course will replay from shipped traces.
+"""`fsdp-lab check`: what this machine can run live, and where a chapter can only show its saved outputs.
 
 A course that silently falls back to recorded data confuses learners ("why is my chart identical to the
 instructor's?"), so the fallback is decided here, once, from facts: the GPUs torch sees, and an actual 2-rank
@@ -23,12 +23,13 @@ from datetime import timedelta
 from typing import Optional
 
 from fsdp_lab.commands._argtypes import positive_float
+from fsdp_lab.lessons.widgets.sources import list_gpu_traces
 
 NAME = "check"
 HELP = "Report GPUs, CUDA/NCCL/torch versions and whether 2-rank gloo works; say which chapters run live here."
 
 # (chapter, title, has live multi-rank runs, shows GPU memory). Mirrors the notebooks' order (DESIGN §5).
-CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (replayed from shipped traces off-GPU))
+CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (replays shipped GPU traces off-GPU))
     ("00", "Welcome and setup", True, False),
     ("01", "Core idea", True, False),
     ("02", "Sharding", True, False),
@@ -158,26 +159,28 @@ def _nccl_version():
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
-def chapter_plan(gpu_count: int, gloo_ok: Optional[bool]) -> tuple[Chapter, ...]:
-    """Which chapters run live here and which replay shipped traces. Pure, so every machine kind is testable.
-    gloo_ok None: the gloo probe did not run, so chapters that depend on it are "unchecked"."""
+def chapter_plan(gpu_count: int, gloo_ok: Optional[bool], gpu_traces_ship: bool = False) -> tuple[Chapter, ...]:
+    """Which chapters run live here, and which can only show recorded data: their saved outputs, or GPU traces
+    where the package ships them. Pure, so every machine kind is testable. gloo_ok None: the gloo probe did not
+    run, so chapters that depend on it are "unchecked"."""
     if gloo_ok is None:
         return _unchecked_plan(gpu_count)
     # One GPU hosts several ranks only over gloo (NCCL refuses two ranks on one device, DESIGN §7).
     gpu_live = gpu_count >= 2 or (gpu_count == 1 and gloo_ok)
     if gpu_count >= 2:
         gpu_runs = f"GPU memory measured live on {gpu_count} GPUs (NCCL)"
-    elif gpu_count == 1:
-        gpu_runs = ("GPU memory measured live on 1 GPU (ranks share it over gloo with CUDA tensors)" if gloo_ok else
-                    "GPU memory replays shipped GPU traces (ranks sharing the one GPU need gloo, which failed)")
     else:
-        gpu_runs = "GPU memory replays shipped GPU traces (no CUDA device here)"
+        why = "ranks sharing the one GPU need gloo, which failed" if gpu_count == 1 else "no CUDA device here"
+        recorded = ("GPU memory replays the shipped GPU traces" if gpu_traces_ship else
+                    "GPU memory not shown: no GPU traces ship yet, the chart shows CPU memory")
+        gpu_runs = ("GPU memory measured live on 1 GPU (ranks share it over gloo with CUDA tensors)"
+                    if gpu_count == 1 and gloo_ok else f"{recorded} ({why})")
     chapters = []
     for number, title, multi_rank, gpu_memory in CHAPTERS:
         parts, live, replayed = [], 0, 0
         if multi_rank:
             parts.append("2-rank runs live on CPU/gloo" if gloo_ok else
-                         "multi-rank runs replay shipped traces (2-rank gloo failed here)")
+                         "multi-rank runs cannot start (2-rank gloo failed here): only the saved outputs show")
             live, replayed = live + gloo_ok, replayed + (not gloo_ok)
         if gpu_memory:
             parts.append(gpu_runs)
@@ -210,7 +213,7 @@ def collect(run_gloo: bool = True, timeout_s: float = 60.0) -> dict:
         ok, seconds, error = probe_gloo(2, timeout_s)
     else:
         ok, seconds, error = None, 0.0, None
-    chapters = chapter_plan(len(gpus), ok)
+    chapters = chapter_plan(len(gpus), ok, gpu_traces_ship=bool(list_gpu_traces()))
     verdict = {status: [c.chapter for c in chapters if c.status == status]
                for status in ("live", "mixed", "replay", "unchecked")}
     return {
@@ -253,8 +256,8 @@ def render(info: dict) -> str:
     ]
     verdict, on_gpu = info["verdict"], " (GPU memory measured on this machine's GPU)" if gpus else ""
     for status, label in (("live", f"run live here{on_gpu}"),
-                          ("mixed", "run live here, GPU memory charts replay shipped GPU traces"),
-                          ("replay", "replay shipped traces"),
+                          ("mixed", "run live here, but not their GPU memory charts"),
+                          ("replay", "show saved outputs only"),
                           ("unchecked", "not checked (need the gloo probe; run without --no-gloo)")):
         if status == "unchecked" and not verdict[status]:
             continue

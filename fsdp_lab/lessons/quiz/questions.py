@@ -270,6 +270,15 @@ def msg(lang: str, name: str, **values) -> str:
     return MESSAGES[check_lang(lang)][name].format(**values)
 
 
+DIFFICULTY_LABELS = MappingProxyType({"en": {"easy": "easy", "mid": "mid", "hard": "hard"},
+                                      "zh": {"easy": "易", "mid": "中", "hard": "难"}})
+
+
+def difficulty_label(difficulty: Difficulty, lang: str) -> str:
+    """How a question's difficulty reads in `lang` (the bank stores the article's easy / mid / hard)."""
+    return DIFFICULTY_LABELS[check_lang(lang)][difficulty.value]
+
+
 def points(x: float) -> str:
     """0.5 -> "0.5", 7.0 -> "7", 6.6667 -> "6.67"."""
     return f"{x:.2f}".rstrip("0").rstrip(".")

@@ -12,7 +12,7 @@ import re
 from typing import TextIO
 
 from fsdp_lab.lessons.quiz.progress import Attempt
-from fsdp_lab.lessons.quiz.questions import LETTERS, AnswerFormatError, QuestionType, msg, points
+from fsdp_lab.lessons.quiz.questions import LETTERS, AnswerFormatError, QuestionType, difficulty_label, msg, points
 from fsdp_lab.lessons.quiz.scoring import QuizRun
 
 _SEPARATORS = re.compile(r"[\s,，、;；/]+")
@@ -113,7 +113,7 @@ def run_terminal(run: QuizRun, inp: TextIO, out: TextIO, echo: bool = False) -> 
             continue
         q = shown.question
         out.write(msg(lang, "question", number=shown.number, total=len(run), type=msg(lang, q.type.value),
-                      difficulty=q.difficulty.value) + " " + shown.prompt + "\n")
+                      difficulty=difficulty_label(q.difficulty, lang)) + " " + shown.prompt + "\n")
         for opt in shown.options:
             out.write(f"  {opt.letter}. {opt.text}\n")
         letters = ask(run, index, inp, out, echo)

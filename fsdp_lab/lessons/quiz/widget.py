@@ -19,13 +19,12 @@ import ipywidgets as widgets
 from fsdp_lab.lessons.quiz.bank import load_chapter_by_key
 from fsdp_lab.lessons.quiz.scoring import QuizRun
 from fsdp_lab.lessons.quiz.progress import ProgressFileError, ProgressStore, read_progress
-from fsdp_lab.lessons.quiz.questions import Chapter, QuestionType, msg, points
+from fsdp_lab.lessons.quiz.questions import Chapter, QuestionType, difficulty_label, msg, points
 from fsdp_lab.lessons.quiz.terminal import summary
 
 from fsdp_lab.lessons.widgets.static import QuietRepr
 
 _FULL_WIDTH = widgets.Layout(width="100%")
-_DIFFICULTY = {"zh": {"easy": "易", "mid": "中", "hard": "难"}}
 _VERDICT_COLOUR = ("#b91c1c", "#b45309", "#15803d")  # wrong, partly right, right
 _TEXT = {
     "en": {"blank": "{n} question(s) left blank ({which}): a blank question scores 0. Press Submit again to "
@@ -83,7 +82,7 @@ class QuizWidget:
         for shown, control, fb in zip(self.run.shown, self.controls, self.feedback):
             q = shown.question
             title = msg(lang, "question", number=shown.number, total=len(self.run), type=msg(lang, q.type.value),
-                        difficulty=_DIFFICULTY.get(lang, {}).get(q.difficulty.value, q.difficulty.value))
+                        difficulty=difficulty_label(q.difficulty, lang))
             items.append(widgets.VBox([widgets.HTML(f"<b>{_html(title)}</b> {_html(shown.prompt)}"), control, fb]))
         items += [self.history, widgets.HBox([self.submit_button, self.retry_button]), self.summary]
         self.box = _QuizBox(items)
