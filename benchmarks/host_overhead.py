@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     result = {"baseline": args.baseline, "rounds": args.rounds, "steps_per_round": args.steps, **ms,
               "overhead_baseline_ms": round(1e3 * statistics.median(over["baseline"]), 3),
               "overhead_new_ms": round(1e3 * statistics.median(over["new"]), 3),
-              "ratio_of_median_overheads": round(statistics.median(over["new"]) / statistics.median(over["baseline"]), 3),
+              "ratio_of_median_overheads": round(statistics.median(over["new"])
+                                                 / statistics.median(over["baseline"]), 3),
               "median_per_round_ratio": round(statistics.median(ratios), 3)}
     print(json.dumps(result))
     return 0

@@ -3,8 +3,9 @@ so adding one never touches this file: a module there defines NAME, HELP, add_ar
 and run(args) -> int.
 
 Three endings are handled here for every subcommand, so none of them prints a traceback for them:
-Ctrl-C (SIGINT) exits 130 and SIGTERM 143, with one line each, and a stdout closed early (`fsdp-lab memory | head -3`) exits
-141 (128 + SIGPIPE, what a shell reports for a program killed by a broken pipe) without a word.
+Ctrl-C (SIGINT) exits 130 and SIGTERM 143, with one line each, and a stdout closed early
+(`fsdp-lab memory | head -3`) exits 141 (128 + SIGPIPE, what a shell reports for a program killed by a broken pipe)
+without a word.
 """
 from __future__ import annotations
 

@@ -192,7 +192,8 @@ def test_export_loads_into_the_plain_gpt_without_fsdp_lab(story, tmp_path):
     assert meta["step"] == 2 and meta["world_size"] == 4
     script = textwrap.dedent(f"""
         import importlib.util, sys, torch
-        spec = importlib.util.spec_from_file_location("course_gpt", {str(REPO / "fsdp_lab" / "training" / "models.py")!r})
+        spec = importlib.util.spec_from_file_location("course_gpt",
+                                                      {str(REPO / "fsdp_lab" / "training" / "models.py")!r})
         models = sys.modules["course_gpt"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(models)
         gpt = models.GPT(models.GPTConfig(**{meta["model_config"]!r}))

@@ -79,8 +79,8 @@ def test_zero_stages_order_as_the_article_says(measured):
 @pytest.mark.timeout(300)
 def test_peak_unsharded_is_one_unit_without_prefetch_and_two_with_it(prefetch):
     """Without prefetch the largest gathered set is the root plus one block; with forward_prefetch and
-    BACKWARD_PRE it is the root plus two blocks (fsdp_lab.theory.formulas.unsharded_peak_bytes gives 1× or 2× the largest
-    unit; the root's term is added, see the module note). Forward prefetch needs the unit order the first
+    BACKWARD_PRE it is the root plus two blocks (fsdp_lab.theory.formulas.unsharded_peak_bytes gives 1× or 2× the
+    largest unit; the root's term is added, see the module note). Forward prefetch needs the unit order the first
     forward records, so step 0's forward is unprefetched and step 1's is: that is also when torch's FSDP1 starts
     forward prefetch."""
     for none, pre in zip(prefetch["none"], prefetch["prefetch"]):

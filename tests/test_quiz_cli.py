@@ -211,4 +211,5 @@ def test_scores_tells_learners_with_the_same_name_apart(monkeypatch, capsys, tmp
 def test_scores_warns_about_an_empty_directory(monkeypatch, capsys, tmp_path):
     code, out, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
     assert code == 0 and out.splitlines() == ["file,name,chapter,score,max,attempts,last_attempt"]
-    assert err.strip() == f"warning: no quiz results under {tmp_path} (no progress .json files with an answered attempt)"
+    assert err.strip() == (f"warning: no quiz results under {tmp_path} "
+                           f"(no progress .json files with an answered attempt)")

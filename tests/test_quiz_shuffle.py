@@ -32,7 +32,8 @@ def test_same_seed_same_order_different_seeds_differ(interview):
 
 
 def test_order_is_the_same_in_another_process():
-    code = ("from fsdp_lab.lessons.quiz import load_chapter_by_key\nfrom fsdp_lab.lessons.quiz.scoring import option_order\n"
+    code = ("from fsdp_lab.lessons.quiz import load_chapter_by_key\n"
+            "from fsdp_lab.lessons.quiz.scoring import option_order\n"
             "print([option_order(q, 7) for q in load_chapter_by_key('10').questions])")
     outs = set()
     for hashseed in ("1", "2"):

@@ -184,8 +184,9 @@ def test_train_piped_into_head_warns_once_and_finishes(tmp_path):
     ck = tmp_path / "ck"
     argv = " ".join(map(str, [sys.executable, "-m", "fsdp_lab", "train", "--nproc-per-node", 2, "--steps", 4,
                               "--checkpoint-dir", ck, "--timeout", 60]))
-    done = subprocess.run(["bash", "-c", f"{argv} | head -1; echo \"exit ${{PIPESTATUS[0]}}\" >&2"], capture_output=True,
-                          text=True, cwd=REPO, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(["bash", "-c", f"{argv} | head -1; echo \"exit ${{PIPESTATUS[0]}}\" >&2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=TIMEOUT,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.startswith("fsdp-lab train: GPT 'tiny'") and len(done.stdout.splitlines()) == 1
     err = done.stderr
     assert err.strip().splitlines()[-1] == "exit 0", err

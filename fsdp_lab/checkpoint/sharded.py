@@ -14,8 +14,8 @@ what DTensor's Shard(0) means, so the piece is a view and nothing is copied. Ada
 (same shape as the shard) are saved the same way; its `step` as a plain replicated tensor. Loading on N' ranks,
 each rank asks DCP for its new piece and DCP reads the overlapping ranges of the old ones: 4 ranks → 2 ranks is
 a reshard, not a conversion. NO_SHARD loads into its full copy (Replicate placement), ZERO1 into its shard (the
-next forward refreshes its replica), so a FULL_SHARD checkpoint also resumes under NO_SHARD or ZERO1. The padding is zero and stays zero (its gradient is
-zero), so it is simply left zero on load.
+next forward refreshes its replica), so a FULL_SHARD checkpoint also resumes under NO_SHARD or ZERO1. The padding
+is zero and stays zero (its gradient is zero), so it is simply left zero on load.
 
 Why not one entry per original parameter: a shard cuts parameters at arbitrary elements (half a row of a
 matrix), which Shard placements cannot describe without copies. The flat layout's price is that a checkpoint is

@@ -65,7 +65,8 @@ def run(args) -> int:
     from fsdp_lab.training.launch import RankFailed
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
-    problem = first_problem(output_file_problem("--trace", args.trace), output_file_problem("--json-out", args.json_out))
+    problem = first_problem(output_file_problem("--trace", args.trace),
+                            output_file_problem("--json-out", args.json_out))
     if problem:
         print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
         return 2

@@ -32,7 +32,8 @@ NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
 cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
-loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
+loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each rank can also be started directly:
+torchrun ... -m fsdp_lab.commands.train <training flags>."""
 
 
 class ExitCode(enum.IntEnum):

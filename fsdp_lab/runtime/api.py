@@ -31,8 +31,8 @@ _PREFIX = "_fsdp_wrapped_module."
 def _check_process_group(process_group):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("fsdp_lab.FSDP needs an initialised process group: call "
-                           "torch.distributed.init_process_group(...) first (fsdp_lab.training.launch.run_on_ranks does it "
-                           "for you), or run the script under torchrun.")
+                           "torch.distributed.init_process_group(...) first (fsdp_lab.training.launch.run_on_ranks "
+                           "does it for you), or run the script under torchrun.")
     return process_group if process_group is not None else dist.group.WORLD
 
 

@@ -43,10 +43,11 @@ But an optimizer step needs reduced gradients: so every gradient reduction marks
 changed, the next root pre-forward then starts a new `FSDPState.param_epoch`, and a unit's first gather of the
 epoch all-gathers every rank's shard into the replica (the ZeRO paper's all-gather of updated parameters). That is
 once per optimizer step whatever the optimizer, including none under no_sync() micro-batches. A checkpoint load
-marks the replica stale itself; summon_full_params(writeback=True) writes the whole replica. Gradients take the other half of the paper's two passes: a reduce-scatter, whose chunk is
-all this rank's optimizer reads. The replicated fp32 gradient (4Φ, the stage's defining cost) is the local
-gradient as backward produced it, with this rank's chunk replaced by the reduced mean. Exports and state dicts
-gather the shards, never the replica, so they are current even between `optimizer.step()` and the next forward.
+marks the replica stale itself; summon_full_params(writeback=True) writes the whole replica. Gradients take the
+other half of the paper's two passes: a reduce-scatter, whose chunk is all this rank's optimizer reads. The
+replicated fp32 gradient (4Φ, the stage's defining cost) is the local gradient as backward produced it, with
+this rank's chunk replaced by the reduced mean. Exports and state dicts gather the shards, never the replica, so
+they are current even between `optimizer.step()` and the next forward.
 """
 from __future__ import annotations
 

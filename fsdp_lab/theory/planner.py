@@ -133,7 +133,8 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
     derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
     assumptions = (f"LLaMA-like shape derived from Φ≈12·layers·hidden² (head size 128): {', '.join(derived)}; "
-                   f"12·{layers}·{hidden}² = {12 * layers * hidden**2 / 1e9:.3g}e9 of Φ = {phi / 1e9:.3g}e9 sits in the blocks"
+                   f"12·{layers}·{hidden}² = {12 * layers * hidden**2 / 1e9:.3g}e9 of Φ = {phi / 1e9:.3g}e9 "
+                   f"sits in the blocks"
                    if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
     pb = PRECISION_BYTES[precision]
     phi_layer = 12 * hidden**2
@@ -146,4 +147,5 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     state = [math.ceil(_exact(f)) for f in (m_ddp(phi), m_zero1(phi, gpus), m_zero2(phi, gpus), m_zero3(phi, gpus))]
     return Plan(phi, gpus, mem, stage, precision, seq_len, micro_batch, layers, hidden, heads, bool(recompute),
                 bool(prefetch), reserve_fraction, assumptions, phi_layer, act, recompute_layer, logits, vocab, working,
-                *state, n_min(phi, mem), *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))))
+                *state, n_min(phi, mem),
+                *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))))

@@ -1,8 +1,8 @@
 """The training loop each rank runs: the course GPT under fsdp_lab.FSDP, AdamW, sharded checkpoints.
 
 `fsdp-lab train` (fsdp_lab/commands/train.py) validates the flags and starts one process per rank through
-torchrun; each runs `python -m fsdp_lab.commands.train <flags>` (fsdp_lab.commands.train.worker_entry). Tests and notebooks
-call `train(rank, world_size, cfg)` directly on ranks started by fsdp_lab.training.launch.run_on_ranks.
+torchrun; each runs `python -m fsdp_lab.commands.train <flags>` (fsdp_lab.commands.train.worker_entry). Tests and
+notebooks call `train(rank, world_size, cfg)` directly on ranks started by fsdp_lab.training.launch.run_on_ranks.
 
 [Note: same data on any world size] Step s trains on models.batch_for_step(cfg, s, global_batch): the same
 global batch whatever N is; rank r takes rows [r·B/N, (r+1)·B/N). Each rank's loss is the mean over its rows,

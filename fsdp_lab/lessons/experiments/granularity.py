@@ -106,7 +106,8 @@ def build_wrapped(run: WrapRun) -> FSDP:
     model = FSDP(base, sharding_strategy=run.strategy, auto_wrap_policy=policy_for(run.wrapping, base),
                  forward_prefetch=run.forward_prefetch, backward_prefetch=run.backward_prefetch)
     if run.activation_checkpointing:
-        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))  # each Block recomputed in backward (FSDP's hooks stay outside)
+        # each Block recomputed in backward (FSDP's hooks stay outside)
+        apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
     return model
 
 

@@ -17,8 +17,8 @@ _HOME = {
     "unit_sizes": "frames", "LiveMemoryChart": "live_memory", "MeasuredPoint": "planner", "Planner": "planner",
     "PotluckLifecycle": "potluck", "LifecycleRun": "runs", "record_lifecycle": "runs", "resolve_device": "runs",
     "NoShippedTrace": "sources", "ShippedTrace": "sources", "list_gpu_traces": "sources",
-    "load_gpu_trace": "sources", "HiddenAnswers": "answers", "reveal_answers": "answers", "QuietRepr": "static", "gpu_trace_note": "sources",
-    "beat_spans": "live_memory",
+    "load_gpu_trace": "sources", "gpu_trace_note": "sources", "HiddenAnswers": "answers", "reveal_answers": "answers",
+    "QuietRepr": "static", "beat_spans": "live_memory",
 }
 __all__ = sorted(_HOME)
 

@@ -7,7 +7,8 @@ reduce-scatter, that unit's gradient shard: the leftovers packed back home); the
 units it has gathered to full size for the current computation. Each household lays out its own full copy: the
 table is "long" because every household contributes a slice to it, not because it is shared memory.
 
-Events come from fsdp_lab.observe.trace (merged across ranks by time). `frame(events, i)` is the state after events[0..i].
+Events come from fsdp_lab.observe.trace (merged across ranks by time). `frame(events, i)` is the state after
+events[0..i].
 """
 from __future__ import annotations
 
