@@ -163,17 +163,25 @@ def test_bad_flags_exit_2_before_any_rank_starts_and_name_the_flag(argv, message
 
 
 def test_a_trace_that_cannot_be_written_fails_the_command(tmp_path):
-    """A 64 KiB tmpfs: the trace is larger, the write fails with ENOSPC after the ranks ran."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)],
+    """A full 64 KiB tmpfs: the write fails with ENOSPC after the ranks ran. The profiler's own writer would only log
+    a C++ line there, so the trace must be written by us, and fail as our one error line."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)],
                                            capture_output=True).returncode != 0:
         pytest.skip("mounting a tmpfs needs root")
     try:
+        with open(full / "filler", "wb", buffering=0) as fh:  # leave no free block
+            try:
+                while True:
+                    fh.write(b"x" * 4096)
+            except OSError:
+                pass
         proc = _bench("--rounds", 1, "--steps-per-round", 1, "--warmup", 2, "--modes", "fsdp_lab", "--trace",
-                      small / "t.json.gz")
+                      full / "t.json.gz")
     finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
+        subprocess.run(["umount", "-l", str(full)], check=False)
     assert proc.returncode == 1, proc.stderr
-    assert f"fsdp-lab bench: error: --trace {small / 't.json.gz'} was not written: " in proc.stderr
+    assert f"fsdp-lab bench: error: --trace {full / 't.json.gz'} was not written: " in proc.stderr
+    assert "Failed to write" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr  # no C++/torch lines
     assert json.loads(proc.stdout.strip().splitlines()[-1])["results"]["fsdp_lab"]  # the numbers still print

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
-import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -139,11 +139,13 @@ def record_step_trace(runner, batch, path, write: bool = True, max_bytes: int = 
         return {"written": False}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_name(path.name + ".raw.json")
-    prof.export_chrome_trace(str(raw))
-    with open(raw, encoding="utf-8") as fh:
-        data = json.load(fh)
-    os.remove(raw)
+    # The profiler's own writer reports a failed write with a C++ log line, not an exception: export to a
+    # temporary folder, and write the target in Python, so a full or read-only destination is our one-line error.
+    with tempfile.TemporaryDirectory(prefix="fsdp_lab_trace_") as tmp:
+        raw = Path(tmp) / "raw.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, encoding="utf-8") as fh:
+            data = json.load(fh)
     events = data.get("traceEvents", [])
     summary = overlap_summary(events)
     lifecycle = [{k: v for k, v in e.items()} for e in tracer.events]
