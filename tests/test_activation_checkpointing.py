@@ -18,6 +18,7 @@ from fsdp_lab.training.models import Block, build_gpt
 def is_block(module) -> bool:
     return isinstance(module, Block)
 
+
 TOL = 1e-5
 
 

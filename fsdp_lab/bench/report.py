@@ -75,8 +75,6 @@ def environment(device: str) -> dict:
     return env
 
 
-
-
 def _size(n) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**27 else f"{n / 2**20:.1f} MiB"
 

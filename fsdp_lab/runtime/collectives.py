@@ -31,6 +31,7 @@ class Collective:
     dtype: torch.dtype
     world_size: int
 
+
 # torch 2.13 renamed the flat collectives (the old names still work but warn); torch 2.11 has only the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

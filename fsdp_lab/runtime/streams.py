@@ -151,7 +151,6 @@ class ReduceQueue:
             self.streams.compute_waits(self._pending.popleft()[0])
 
 
-
 # -- gather ----------------------------------------------------------------------------------------------------
 def refresh_replica(ctx, flat) -> Optional[Collective]:
     """ZERO1: all-gather every rank's shard into the replica, once per epoch ([Note: ZeRO-1 replicas])."""

@@ -25,7 +25,6 @@ class Scale:
     memory_max: int
     fridge_max: int = 1  # the AdamW row's scale: the largest optimizer state in the trace
 
-
     @classmethod
     def of(cls, events: list, sizes: Sizes) -> "Scale":
         full = max((max(s.full_bytes, s.shard_bytes) for s in sizes.units.values()), default=1)
