@@ -67,7 +67,7 @@ class Unit:
         self._pending = []  # gathers issued and not yet waited for: their events (None on CPU)
         self._backward_pending = False
         self._reduced = False
-        self._reduced_groups = set()
+        self._reduced_flats = set()
         self._inputs_marker = False
         self._inputs_grad_ready = False
         self._backward_started = False
@@ -193,7 +193,7 @@ class Unit:
         if hooked:
             self._backward_pending = True
             self._reduced = self._inputs_grad_ready = self._backward_started = False
-            self._reduced_groups.clear()
+            self._reduced_flats.clear()
         if not hooked or (self.ctx.strategy.frees_after_forward and not self.is_root):
             self.free("forward")
         return output
@@ -232,8 +232,8 @@ class Unit:
         self.ctx.emit("grad_ready", self.name, "backward")
         grad, flat.full.grad = flat.full.grad, None
         self._reduce(flat, grad)
-        self._reduced_groups.add(id(flat))
-        if len(self._reduced_groups) == len(self.trainable_flats):
+        self._reduced_flats.add(id(flat))
+        if len(self._reduced_flats) == len(self.trainable_flats):
             self._reduced = True
             self._maybe_finish_backward()  # free first: BACKWARD_POST trades overlap for a lower peak
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
@@ -268,7 +268,7 @@ class Unit:
                 flat.full.grad = None
         self._backward_pending = self._backward_started = False
         self._reduced = self._inputs_grad_ready = False
-        self._reduced_groups.clear()
+        self._reduced_flats.clear()
 
     def _reduce(self, flat, grad) -> None:
         ctx = self.ctx
