@@ -40,8 +40,8 @@ import torch.distributed as dist
 
 from fsdp_lab.checkpoint import files
 from fsdp_lab.checkpoint.files import FORMAT, CheckpointError, read_meta
-from fsdp_lab.runtime.collectives import all_gather_flat
 from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.runtime.summon import gather_master
 
 
 # -- the layout: which piece of which flat buffer each rank writes and reads ------------------------------
@@ -354,17 +354,6 @@ def restore_optimizer_state(optimizer, loaded: list) -> None:
 
 
 # -- the consolidated model: from a live sharded model (collective) or from disk (one process) ------------
-def _gather_master(flat, ctx) -> torch.Tensor:
-    """The whole unpadded fp32 master of one flat flat, on every rank."""
-    if ctx.strategy is ShardingStrategy.NO_SHARD:
-        return flat.shard.detach()[:flat.numel]
-    # ZERO1 gathers its shards too: its replica is refreshed only at the next forward ([Note: ZeRO-1 replicas]
-    # in fsdp_lab/runtime/streams.py), so right after optimizer.step() it still holds other ranks' old chunks.
-    full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
-    all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
-    return full[:flat.numel]
-
-
 def full_state_dict(model) -> dict:
     """Collective: every rank must call it. Rank 0 gets the plain model's state dict (original names, fp32,
     on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time."""
@@ -376,7 +365,7 @@ def full_state_dict(model) -> dict:
     tensors = {}
     for ui, unit in enumerate(model.units):
         for gi, flat in enumerate(unit.flats):
-            master = _gather_master(flat, ctx)
+            master = gather_master(unit, flat)  # ZERO1 too: its replica is refreshed only at the next forward
             if ctx.rank == 0:
                 for si, slot in enumerate(flat.slots):
                     piece = master[slot.offset:slot.offset + slot.numel].view(slot.shape)

@@ -19,8 +19,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-import torch
-
 COLLECTIVE_FACTOR = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2}
 
 
@@ -44,8 +42,7 @@ def collective_bytes(collectives) -> CommBytes:
     """Sum of ring_bytes over the runtime's Collective records (anything with kind, numel, dtype, world_size)."""
     sent = received = 0
     for c in collectives:
-        itemsize = torch.empty((), dtype=c.dtype).element_size()
-        b = ring_bytes(c.kind, c.numel * itemsize, c.world_size)
+        b = ring_bytes(c.kind, c.numel * c.dtype.itemsize, c.world_size)
         sent, received = sent + b.sent, received + b.received
     return CommBytes(sent, received)
 
