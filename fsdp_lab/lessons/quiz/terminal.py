@@ -43,20 +43,30 @@ def summary(run: QuizRun) -> str:
                       msg(run.lang, "rule")))
 
 
+def _prompt(text: str, inp: TextIO, out: TextIO, echo: bool) -> str | None:
+    """Show `text`, read one line (None at end of input); `echo` writes it back so a piped transcript reads
+    like a session."""
+    out.write(text)
+    out.flush()
+    line = inp.readline()
+    if not line:
+        out.write("\n")
+        return None
+    if echo:
+        out.write(line if line.endswith("\n") else line + "\n")
+    return line
+
+
 def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str | None:
     """Prompt until a valid answer arrives; None at end of input or on `q`."""
     shown = run.shown[index]
     qtype = shown.question.type
     span = f"{shown.letters[0]}–{shown.letters[-1]}"
     while True:
-        out.write(msg(run.lang, "ask_single" if qtype is QuestionType.SINGLE else "ask_multi", span=span))
-        out.flush()
-        line = inp.readline()
-        if not line:
-            out.write("\n")
+        line = _prompt(msg(run.lang, "ask_single" if qtype is QuestionType.SINGLE else "ask_multi", span=span),
+                       inp, out, echo)
+        if line is None:
             return None
-        if echo:
-            out.write(line if line.endswith("\n") else line + "\n")
         if line.strip().lower() in QUIT_WORDS:
             return None
         try:
@@ -68,14 +78,10 @@ def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str |
 def offer_resume(partial: Attempt, lang: str, inp: TextIO, out: TextIO, echo: bool) -> bool:
     """Ask whether to continue `partial`; Enter or y resumes, n starts over, end of input starts over."""
     while True:
-        out.write(msg(lang, "resume", answered=partial.answered, total=partial.total, when=partial.finished))
-        out.flush()
-        line = inp.readline()
-        if not line:
-            out.write("\n")
+        line = _prompt(msg(lang, "resume", answered=partial.answered, total=partial.total, when=partial.finished),
+                       inp, out, echo)
+        if line is None:
             return False
-        if echo:
-            out.write(line if line.endswith("\n") else line + "\n")
         reply = line.strip().lower()
         if reply in ("", "y", "yes", "是"):
             return True
