@@ -25,6 +25,7 @@ import sys
 import traceback
 from datetime import timedelta
 
+from fsdp_lab.commands import _exit_codes as exit_codes
 from fsdp_lab.commands._argtypes import count, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
 
@@ -42,8 +43,8 @@ class ExitCode(enum.IntEnum):
     USAGE = 2          # bad flags, or a configuration that cannot run here
     RANK_FAILED = 3    # a rank died, or a collective failed or timed out (a peer is gone or stuck)
     CHECKPOINT = 4     # a checkpoint could not be saved, found or loaded
-    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
-    TERMINATED = 143   # SIGTERM (128 + SIGTERM), e.g. from `timeout` or a batch scheduler
+    INTERRUPTED = exit_codes.INTERRUPTED  # Ctrl-C; the signal codes every subcommand shares
+    TERMINATED = exit_codes.TERMINATED    # SIGTERM, e.g. from `timeout` or a batch scheduler
 
 
 # A rank's own exit code when a collective timed out (a peer stopped answering), so the launcher can tell a hung
