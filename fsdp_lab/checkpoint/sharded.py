@@ -183,19 +183,47 @@ def _on_rank0(fn: Callable, model):
     return value
 
 
+def _rank_exceptions(err: BaseException) -> dict[int, BaseException]:
+    """{rank: its exception}. DCP's CheckpointException maps each failing rank to an (exception, stack frames)
+    pair; any other error is this rank's own."""
+    failures = getattr(err, "failures", None)
+    if not (isinstance(failures, dict) and failures):
+        return {-1: err}
+    return {rank: wrapped[0] if isinstance(wrapped, tuple) else wrapped for rank, wrapped in failures.items()}
+
+
 def _one_line(err: BaseException) -> str:
     """DCP's CheckpointException carries every rank's traceback (about 100 lines per rank): keep each failing
     rank's exception, one line each."""
-    failures = getattr(err, "failures", None)
-    if isinstance(failures, dict) and failures:
-        parts = []
-        for rank, wrapped in sorted(failures.items()):
-            exc = getattr(wrapped, "exc", wrapped)
-            text = str(exc).strip().splitlines()
-            parts.append(f"rank {rank}: {type(exc).__name__}: {text[-1] if text else ''}")
-        return "; ".join(parts)
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[-1] if text else ''}"
+    parts = []
+    for rank, exc in sorted(_rank_exceptions(err).items()):
+        text = str(exc).strip().splitlines()
+        parts.append(("" if rank < 0 else f"rank {rank}: ") + f"{type(exc).__name__}: {text[-1] if text else ''}")
+    return "; ".join(parts)
+
+
+def _disk_full(err: BaseException, where: Path, needed: int) -> str:
+    """Name a full disk, which torch's writer hides: a short write surfaces as "unexpected pos 704 vs 598", not as
+    ENOSPC. Say so when an OSError in the chain has ENOSPC, or when the file system has less room than this
+    rank's part of the save; otherwise ''."""
+    import errno
+    import shutil
+
+    def chain(exc):
+        while exc is not None:
+            yield exc
+            exc = exc.__cause__ or exc.__context__
+
+    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC
+                 for exc in _rank_exceptions(err).values() for e in chain(exc))
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    if not enospc and (free is None or free >= needed):
+        return ""
+    room = "" if free is None else f": {where} has {free:,} bytes free and this rank's part needs {needed:,}"
+    return f"No space left on device{room}. "
 
 
 def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
@@ -256,8 +284,10 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
     try:
         dcp.save(state, storage_writer=writer, process_group=ctx.pg)
     except (Exception, CheckpointException) as err:
+        needed = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in state.values())
         raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
-                              f"checkpoint. Cause: {_one_line(err)}", every_rank=True) from err
+                              f"checkpoint. {_disk_full(err, tmp, needed)}Cause: {_one_line(err)}",
+                              every_rank=True) from err
     cfg = getattr(model.module, "cfg", None)
     meta = {"format": FORMAT, "step": step, "world_size": ctx.world_size, "strategy": ctx.strategy.name,
             "torch": torch.__version__, "units": describe(model),
