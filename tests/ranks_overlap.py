@@ -49,14 +49,15 @@ def _full_params(model):
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def train_checkpointed(rank, world_size, order, prefetch=False):
+def train_checkpointed(rank, world_size, order, prefetch=False, use_orig_params=False):
     """order: 'none' (no checkpointing), 'before' or 'after' FSDP wrapping. Returns losses, params, the spy's
     events, and the bytes autograd saved outside checkpointed regions in one forward."""
     base = build_gpt("tiny")
     if order == "before":
         apply_activation_checkpointing(base, check_fn=lambda m: isinstance(m, Block))
     model = FSDP(base, auto_wrap_policy=ModuleWrapPolicy({Block}), forward_prefetch=prefetch,
-                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None)
+                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE if prefetch else None,
+                 use_orig_params=use_orig_params)
     if order == "after":
         names = apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
         assert names == [f"blocks.{i}" for i in range(len(base.blocks))], names

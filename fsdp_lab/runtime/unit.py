@@ -213,6 +213,13 @@ class Unit:
                 if flat.orig_params is not None:
                     flat.orig_grads_to_shard()
             self.ensure_unsharded("backward")
+            # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing and
+            # Hugging Face's gradient checkpointing do it) is recomputed without pre_forward: the attributes
+            # must point at the re-gathered buffer now. Under use_orig_params the free put the sharded
+            # parameters back in their place. Grad mode on, so the recomputation saves what the forward saved.
+            with torch.enable_grad():
+                for flat in self.flats:
+                    flat.install_views()
             self.ctx.emit("backward_start", self.name, "backward")
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
                 self._prefetch(self.ctx.neighbour(self, -1), "backward")
