@@ -31,8 +31,12 @@ class LoopBlock(nn.Module):
         self.up = nn.Linear(WIDTH, HIDDEN)
         self.down = nn.Linear(HIDDEN, WIDTH)
         self.drop = nn.Dropout(dropout)
+        self.fail_next_forward = False
 
     def forward(self, x):
+        if self.fail_next_forward:  # inside the block: its unit is gathered when this raises
+            self.fail_next_forward = False
+            raise RuntimeError("simulated out of memory in forward")
         return x + self.drop(self.down(torch.tanh(self.up(self.norm(x)))))
 
 
@@ -209,6 +213,80 @@ def failed_backward(run: Run):
     return losses, run.full_params(model), facts
 
 
+def failed_forward(run: Run):
+    """Step 0 trains; step 1's forward raises inside a block (its unit gathered) and the loop catches it; steps 2
+    and 3 train."""
+    net = LoopNet()
+    model = run.wrap(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = _train(run, model, opt, steps=[0])
+    net.blocks[1].fail_next_forward = True
+    caught = None
+    try:
+        model(*run.local(1))
+    except RuntimeError as err:
+        caught = str(err)
+    left_unsharded = 0 if run.fsdp is None else sum(u.state is not UnitState.SHARDED for u in model.units)
+    losses += _train(run, model, opt, steps=[2, 3])
+    facts = {"caught": caught, "left_unsharded": left_unsharded, "clean": _states_clean(run, model)}
+    return losses, run.full_params(model), facts
+
+
+def state_dict_round_trip(run: Run):
+    """torch FSDP1's default model.state_dict(): train 2 steps, take it on every rank and load it strictly into
+    the unwrapped net; load it into a freshly wrapped net whose weights were zeroed, and train that one more step
+    (SGD: the fresh optimizer has no state to carry)."""
+    model = run.wrap(LoopNet())
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = _train(run, model, opt, steps=range(2))
+    state = model.state_dict()
+    plain = LoopNet()
+    plain.load_state_dict(state, strict=True)
+    net = LoopNet()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+    fresh = run.wrap(net)
+    fresh.load_state_dict(state)
+    losses += _train(run, fresh, torch.optim.SGD(fresh.parameters(), lr=LR), steps=[2])
+    sums = [[v.double().sum().item() for v in state.values()]] * run.world_size
+    rank0_only = {"rank0_only": [len(state)] * run.world_size, "same_as_default": True, "default_after": True}
+    if run.fsdp is not None:
+        dist.all_gather_object(sums, sums[0])
+        # torch FSDP1's usual save, with torch's own enum and config: rank 0 gets it on the CPU, the others {}.
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+            only = model.state_dict()
+        dist.all_gather_object(rank0_only["rank0_only"], len(only))
+        rank0_only["same_as_default"] = run.rank != 0 or (list(only) == list(state) and all(
+            torch.equal(only[k], state[k]) and only[k].device.type == "cpu" for k in state))
+        rank0_only["default_after"] = len(model.state_dict()) == len(state)
+    facts = {"clean": _states_clean(run, fresh), "shapes": {k: tuple(v.shape) for k, v in state.items()},
+             "plain_equal": all(torch.equal(v, state[k]) for k, v in plain.state_dict().items()),
+             "same_on_every_rank": all(s == sums[0] for s in sums), **rank0_only}
+    return losses, run.full_params(fresh), facts
+
+
+def init_after_wrap(run: Run):
+    """model.apply(init) after wrapping, as scripts written for torch FSDP1 do: the init sees 2-D weights (fan-in
+    for kaiming_uniform_), and what it writes trains."""
+    model = run.wrap(LoopNet())
+
+    def init(module):
+        if isinstance(module, nn.Linear):
+            nn.init.kaiming_uniform_(module.weight, a=1.0)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.5)
+
+    torch.manual_seed(5)
+    model.apply(init)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = _train(run, model, opt)
+    return losses, run.full_params(model), {"clean": _states_clean(run, model)}
+
+
 def nested_wrap(run: Run, manual: bool = True):
     """FSDP1's manual nested wrap, FSDP(Net(blocks=[FSDP(b) for b in blocks])); in one process the plain net.
     manual=False: the same loop with the blocks picked by the wrap policy instead."""
@@ -300,10 +378,15 @@ PATTERNS = {
     "no_grad_eval_before_backward": (no_grad_eval_before_backward, {}),
     "inference_mode_first": (inference_mode_first, {}),
     "failed_backward": (failed_backward, {}),
+    "failed_forward": (failed_forward, {}),
+    "init_after_wrap": (init_after_wrap, {}),
+    "init_after_wrap_orig_params": (init_after_wrap, {"use_orig_params": True}),
     "nested_wrap": (nested_wrap, {}),
     "policy_wrap": (functools.partial(nested_wrap, manual=False), {}),
     **{f"orig_params_{s}": (grouped_by_name, {"sharding_strategy": s, "use_orig_params": True})
        for s in ("FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD")},
+    **{f"state_dict_{s}_{orig}": (state_dict_round_trip, {"sharding_strategy": s, "use_orig_params": orig})
+       for s, orig in (("FULL_SHARD", False), ("SHARD_GRAD_OP", True), ("ZERO1", False), ("NO_SHARD", True))},
 }
 
 
@@ -362,4 +445,21 @@ def wrap_errors(rank, world_size):
         inner(torch.zeros(2, WIDTH))
 
     capture("call_nested_inner", call_nested_inner)
+
+    from torch.distributed.fsdp import FullOptimStateDictConfig, ShardedStateDictConfig
+    from torch.distributed.fsdp import StateDictType as TorchStateDictType
+
+    def state_dict_under(*settings):
+        model = FSDP(LoopNet())
+        with FSDP.state_dict_type(model, *settings):
+            model.state_dict()
+
+    capture("sharded_state_dict", lambda: state_dict_under(TorchStateDictType.SHARDED_STATE_DICT))
+    capture("local_state_dict", lambda: state_dict_under("LOCAL_STATE_DICT"))
+    capture("sharded_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT,
+                                                       ShardedStateDictConfig()))
+    capture("optim_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT, None,
+                                                     FullOptimStateDictConfig()))
+    capture("assign", lambda: FSDP(LoopNet()).load_state_dict(LoopNet().state_dict(), assign=True))
+    capture("no_fsdp_inside", lambda: FSDP.set_state_dict_type(LoopNet(), "FULL_STATE_DICT"))
     return messages

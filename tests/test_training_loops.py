@@ -70,6 +70,34 @@ def test_backward_that_raises_half_way_then_next_batch(ranked, references):
     assert facts["left_unsharded"] > 0, "the failure should leave units unsharded until the next forward"
 
 
+def test_forward_that_raises_half_way_then_next_batch(ranked, references):
+    facts = check_matches("failed_forward", ranked, references)
+    assert "simulated out of memory in forward" in facts["caught"]
+    assert facts["left_unsharded"] > 0, "the failure should leave the block's unit gathered until the next forward"
+
+
+@pytest.mark.parametrize("name", ["init_after_wrap", "init_after_wrap_orig_params"])
+def test_apply_after_wrapping_initializes_the_full_parameters(name, ranked, references):
+    check_matches(name, ranked, references)
+
+
+@pytest.mark.parametrize("strategy,orig", [("FULL_SHARD", False), ("SHARD_GRAD_OP", True), ("ZERO1", False),
+                                           ("NO_SHARD", True)])
+def test_state_dict_is_the_plain_models_and_loads_back(strategy, orig, ranked, references):
+    """model.state_dict() as torch FSDP1 gives it by default: the unwrapped model's names, order and full shapes,
+    on every rank; load_state_dict puts it back into a wrapped model."""
+    name = f"state_dict_{strategy}_{orig}"
+    facts = check_matches(name, ranked, references)
+    plain = references[name][2]
+    assert list(facts["shapes"].items()) == list(plain["shapes"].items())
+    assert facts["plain_equal"], "the unwrapped model did not load model.state_dict() exactly"
+    assert facts["same_on_every_rank"]
+    world_size, _ = ranked
+    assert facts["rank0_only"] == [len(facts["shapes"])] + [0] * (world_size - 1), facts["rank0_only"]
+    assert facts["same_as_default"], "rank0_only/offload_to_cpu changed the values, or left them on the device"
+    assert facts["default_after"], "the state_dict_type context did not restore the default"
+
+
 def test_manual_nested_wrap_trains_every_block(ranked, references):
     facts = check_matches("nested_wrap", ranked, references)
     assert facts["units"] == ["blocks.0", "blocks.1", "blocks.2", "<root>"]
@@ -132,3 +160,16 @@ def test_unsupported_options_raise_naming_the_option(messages):
     assert "recurse=False" in messages["summon_recurse"]
     assert "sharding_strategy" in messages["nested_other_strategy"]
     assert "nested into another FSDP" in messages["call_nested_inner"]
+
+
+@pytest.mark.parametrize("key,needle", [
+    ("sharded_state_dict", "state_dict_type=SHARDED_STATE_DICT is not supported"),
+    ("local_state_dict", "state_dict_type=LOCAL_STATE_DICT is not supported"),
+    ("sharded_config", "does not go with FULL_STATE_DICT"),
+    ("optim_config", "optim_state_dict_config="),
+    ("assign", "assign=True is not supported"),
+    ("no_fsdp_inside", "LoopNet contains no fsdp_lab.FSDP"),
+])
+def test_state_dict_options_we_do_not_have_raise_naming_them(messages, key, needle):
+    assert messages[key] is not None and messages[key].startswith("ValueError") and needle in messages[key], \
+        messages[key]

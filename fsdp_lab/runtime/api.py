@@ -20,6 +20,8 @@ from fsdp_lab.runtime.memory import memory_report
 from fsdp_lab.runtime.mixed_precision import MixedPrecision, coerce_mixed_precision, compute_dtype, reduce_dtype
 from fsdp_lab.runtime.partition import partition_params
 from fsdp_lab.runtime.state import FSDPState
+from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
+                                         load_full_state_dict)
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
 from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params, summon_full_params
 from fsdp_lab.runtime.unit import Unit, UnitState
@@ -111,6 +113,7 @@ class FSDP(nn.Module):
                         buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
         self._fsdp_wrapped_module = module
         self._use_orig_params = bool(use_orig_params)
+        self._state_dict_settings = DEFAULT_SETTINGS
         self._ctx = FSDPState(
             pg=pg, world_size=dist.get_world_size(pg), rank=dist.get_rank(pg), strategy=strategy,
             mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, torch.float32),
@@ -293,6 +296,51 @@ class FSDP(nn.Module):
     def named_buffers(self, *args, **kwargs):
         for name, buf in super().named_buffers(*args, **kwargs):
             yield name.replace(_PREFIX, ""), buf
+
+    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
+        """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict, original names
+        and full fp32 tensors, on every rank (on rank 0 only, or on the CPU, under FSDP.state_dict_type with a
+        FullStateDictConfig). Every rank must call it: one that skips it leaves the others waiting until the
+        collective timeout. `keep_vars` gives detached copies, which is all a gathered copy can be."""
+        return full_state_dict(self, self._state_dict_settings, destination, prefix)
+
+    def apply(self, fn):
+        """Collective, as in torch FSDP1: `fn` runs inside summon_full_params(writeback=True), so an init function
+        written for the plain module (nn.init.kaiming_uniform_ on a 2-D weight) sees full parameters under their
+        original names, and what it writes reaches every rank's shard."""
+        with summon_full_params(self, writeback=True):
+            return super().apply(fn)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Collective: load a plain module's state dict (as `state_dict()` gives it) on every rank."""
+        return load_full_state_dict(self, state_dict, strict, assign)
+
+    @staticmethod
+    def set_state_dict_type(module: nn.Module, state_dict_type, state_dict_config=None,
+                            optim_state_dict_config=None) -> StateDictSettings:
+        """Set what state_dict() gives for every FSDP in `module`; return the previous settings."""
+        settings = coerce_settings(state_dict_type, state_dict_config, optim_state_dict_config)
+        models = [m for m in module.modules() if isinstance(m, FSDP)]
+        if not models:
+            raise ValueError(f"set_state_dict_type: {type(module).__name__} contains no fsdp_lab.FSDP")
+        previous = models[0]._state_dict_settings
+        for model in models:
+            model._state_dict_settings = settings
+        return previous
+
+    @staticmethod
+    @contextlib.contextmanager
+    def state_dict_type(module: nn.Module, state_dict_type, state_dict_config=None,
+                        optim_state_dict_config=None) -> Iterator[None]:
+        """The settings of set_state_dict_type inside the context only."""
+        models = [m for m in module.modules() if isinstance(m, FSDP)]
+        before = [m._state_dict_settings for m in models]
+        FSDP.set_state_dict_type(module, state_dict_type, state_dict_config, optim_state_dict_config)
+        try:
+            yield
+        finally:
+            for model, settings in zip(models, before):
+                model._state_dict_settings = settings
 
     @property
     def module(self) -> nn.Module:
