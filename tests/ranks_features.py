@@ -242,3 +242,27 @@ def clipped_reference(max_norm):
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).item()
     torch.optim.SGD(model.parameters(), lr=1.0).step()
     return norm, {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+class Branchy(nn.Module):
+    """A data-dependent branch: unit `branch` runs only when the batch asks for it."""
+
+    def __init__(self, d=7):
+        super().__init__()
+        self.inp = nn.Linear(5, d)
+        self.branch = nn.Sequential(nn.Linear(d, d))
+        self.out = nn.Linear(d, 3)
+
+    def forward(self, x, take_branch: bool):
+        h = self.inp(x)
+        return self.out(self.branch(h) if take_branch else h).pow(2).mean()
+
+
+def unit_on_one_rank_only(rank, world_size):
+    """Rank 0 takes the branch, the others do not: their collectives no longer pair up. What each rank raises."""
+    model = FSDP(Branchy(), auto_wrap_policy=ModuleWrapPolicy({nn.Sequential}))
+    try:
+        model(torch.randn(4, 5), take_branch=rank == 0).backward()
+    except Exception as err:
+        return type(err).__name__, isinstance(err, dist.DistError), str(err)
+    return None

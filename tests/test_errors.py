@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ranks_features import error_cases
+from ranks_features import error_cases, unit_on_one_rank_only
 
 from fsdp_lab import FSDP
 from fsdp_lab.training.launch import run_on_ranks
@@ -42,3 +42,14 @@ def test_unknown_strategy_and_policy(messages):
 def test_second_backward_through_freed_parameters(messages):
     msg = messages["second_backward"]
     assert msg.startswith("RuntimeError") and "second backward" in msg and "FSDP unit '" in msg
+
+
+def test_a_unit_run_on_one_rank_only_names_the_unit_and_the_rule():
+    """A data-dependent branch taken on rank 0 only: no hang past the process group's timeout (3 s here), and an
+    error that says which unit's collective did not complete and that every rank must run the same units."""
+    results = run_on_ranks(unit_on_one_rank_only, 2, timeout_s=60, collective_timeout_s=3)
+    kind, is_dist_error, msg = results[0]
+    assert kind == "CollectiveFailed" and is_dist_error, (kind, msg)
+    assert msg.startswith("FSDP all_gather of unit 'branch' (") and "did not complete" in msg, msg
+    assert "Every rank must run the same FSDP units in the same order" in msg
+    assert results[1] is not None and results[1][0] == "CollectiveFailed", results[1]

@@ -293,7 +293,9 @@ def run(args: argparse.Namespace) -> int:
 def _is_collective_error(err: BaseException) -> bool:
     import torch.distributed as dist
 
-    if isinstance(err, getattr(dist, "DistError", ())):
+    from fsdp_lab.runtime.collectives import CollectiveFailed
+
+    if isinstance(err, (CollectiveFailed, getattr(dist, "DistError", ()))):
         return True
     text = str(err)
     return isinstance(err, RuntimeError) and any(

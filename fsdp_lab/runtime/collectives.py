@@ -32,6 +32,28 @@ class Collective:
     world_size: int
 
 
+class CollectiveFailed(getattr(dist, "DistError", RuntimeError)):
+    """A collective that did not complete. The backend's error (a gloo or NCCL timeout, usually) says only that a
+    peer did not answer; this one says what was issued and why peers stop answering. The backend's error is the
+    `__cause__`, and its last line is this message's last line. A torch.distributed.DistError, as the backend's
+    errors are, so code that catches those still does."""
+
+
+def _issue(call: Collective, unit: str, collective, *args, **kwargs) -> None:
+    try:
+        collective(*args, **kwargs)
+    except torch.OutOfMemoryError:
+        raise  # a loop that catches OOM must still see one
+    except RuntimeError as err:
+        last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+        of = f" of unit '{unit}'" if unit else ""
+        raise CollectiveFailed(
+            f"FSDP {call.kind}{of} ({call.numel:,} {call.dtype} elements, {call.world_size} ranks) did not "
+            f"complete. Every rank must run the same FSDP units in the same order: a unit that runs on some ranks "
+            f"only (a data-dependent branch), a forward or backward skipped on one rank, or a rank that died "
+            f"leaves the others waiting until the process group's timeout.\n{last}") from err
+
+
 # torch 2.13 renamed the flat collectives (the old names still work but warn); torch 2.11 has only the old ones.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -51,8 +73,10 @@ def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
     return float(pre), world_size / pre
 
 
-def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int) -> Collective:
-    """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`."""
+def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
+                    unit: str = "") -> Collective:
+    """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`. `unit` names
+    the FSDP unit in the error a failed collective raises."""
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
@@ -60,12 +84,13 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: i
     if world_size == 1:
         output.copy_(shard)  # copy_ casts as it copies
     else:
-        _all_gather(output, shard if shard.dtype == output.dtype else shard.to(output.dtype), group=pg)
+        _issue(call, unit, _all_gather, output, shard if shard.dtype == output.dtype else shard.to(output.dtype),
+               group=pg)
     return call
 
 
-def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int,
-                        reduce_dtype: torch.dtype) -> tuple[Collective, torch.Tensor]:
+def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,
+                        unit: str = "") -> tuple[Collective, torch.Tensor]:
     """Copy-in (cast to `reduce_dtype`, pre-divide), reduce-scatter (sum), copy-out (post-divide): this rank's
     chunk of the mean over ranks of every rank's `full_grad`. Returns (what moved, the chunk)."""
     pre, post = divide_factors(world_size, reduce_dtype)
@@ -76,12 +101,12 @@ def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int,
     if pre != 1.0:
         send = torch.div(send, pre)
     out = torch.empty(send.numel() // world_size, dtype=reduce_dtype, device=send.device)
-    _reduce_scatter(out, send, op=dist.ReduceOp.SUM, group=pg)
+    _issue(call, unit, _reduce_scatter, out, send, op=dist.ReduceOp.SUM, group=pg)
     return call, out.div_(post)
 
 
-def all_reduce_mean(grad: torch.Tensor, pg, world_size: int,
-                    reduce_dtype: torch.dtype) -> tuple[Collective, torch.Tensor]:
+def all_reduce_mean(grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,
+                    unit: str = "") -> tuple[Collective, torch.Tensor]:
     """DDP's gradient sync: the mean over ranks, in place on `grad` when it already has `reduce_dtype`."""
     pre, post = divide_factors(world_size, reduce_dtype)
     buf = grad if grad.dtype == reduce_dtype else grad.to(reduce_dtype)
@@ -90,5 +115,5 @@ def all_reduce_mean(grad: torch.Tensor, pg, world_size: int,
         return call, buf
     if pre != 1.0:
         buf.div_(pre)
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=pg)
+    _issue(call, unit, dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=pg)
     return call, buf.div_(post)

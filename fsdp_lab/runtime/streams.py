@@ -158,7 +158,8 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
         return None
     flat.replica_epoch = ctx.param_epoch
     # The shard is normally a window onto the replica: gather from a copy, never from the output itself.
-    return all_gather_flat(flat.replica.data, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
+    return all_gather_flat(flat.replica.data, flat.shard.detach().clone(), ctx.pg, ctx.world_size,
+                           flat.unit_name)
 
 
 def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
@@ -178,7 +179,7 @@ def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
                 if full is not None:
                     full.copy_(flat.replica.data)
             else:  # copy-in casts the fp32 shard to the compute dtype: a bf16 policy sends bf16
-                comm = all_gather_flat(full, flat.shard.detach(), ctx.pg, ctx.world_size)
+                comm = all_gather_flat(full, flat.shard.detach(), ctx.pg, ctx.world_size, flat.unit_name)
             return streams.record("gather"), comm
 
 
@@ -191,9 +192,9 @@ def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str) -> None:
     scatter = ctx.strategy is not ShardingStrategy.NO_SHARD
     with label(f"fsdp_lab::reduce {unit_name}"), torch.no_grad(), streams.side("reduce"):
         if scatter:
-            comm, out = reduce_scatter_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype)
+            comm, out = reduce_scatter_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype, unit_name)
         else:
-            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype)
+            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype, unit_name)
         store_grad(ctx, flat, grad, out)
         event = streams.record("reduce")
     ctx.grads_reduced = True  # the optimizer may step now ([Note: ZeRO-1 replicas])

@@ -22,7 +22,7 @@ def gather_master(unit, flat) -> torch.Tensor:
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return flat.shard.data
     full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
-    all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size)
+    all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size, unit.name)
     return full
 
 
