@@ -1,0 +1,29 @@
+"""A Hugging Face Llama under fsdp_lab, on 2 gloo ranks against one process: every strategy, with and without
+HF's own gradient checkpointing (which checkpoints each decoder layer's forward with FSDP's hooks outside it).
+transformers is not a dependency of the course; where it is installed this test runs."""
+from __future__ import annotations
+
+import pytest
+from ranks_hf import train
+
+from fsdp_lab.training.launch import run_on_ranks
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers to run this)")
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {gc: train(0, 1, None, gc) for gc in (False, True)}
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [False, True], ids=["plain", "gradient_checkpointing"])
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+def test_llama_matches_one_process(strategy, gradient_checkpointing, references):
+    ref = references[gradient_checkpointing]
+    got = run_on_ranks(train, 2, strategy, gradient_checkpointing, timeout_s=300)[0]
+    assert list(got) == list(ref), "state_dict() must give the plain model's names in its order"
+    diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
+    print(f"{strategy} gradient_checkpointing={gradient_checkpointing}: max |parameter difference| = {diff:.3g}")
+    assert diff <= TOL
