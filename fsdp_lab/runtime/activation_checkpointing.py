@@ -15,11 +15,11 @@ still runs the block's hooks around it, so FSDP's per-unit hooks stay *outside* 
 The pre-backward hook sits on the block's output tensor, so it runs before any node of the block needs a saved
 tensor, i.e. before the recomputation: the recomputation finds the unit UNSHARDED and the block's attributes
 pointing at views of the unsharded buffer, which the re-gather refilled and the hook installed again (under
-use_orig_params the free after forward had put the sharded parameters back in their place). Hugging Face's
-gradient_checkpointing_enable() checkpoints `forward` the same way, so it composes the same way. So each unit is gathered exactly
-twice per step (forward, and one re-gather), as without checkpointing. A checkpointed region that *contains*
-units (say, a stack of blocks) re-enters their hooks during backward; they see `ctx.in_backward`, gather if
-needed and neither record the forward order nor free.
+use_orig_params the free after forward had put the sharded parameters back in their place). So each unit is
+gathered exactly twice per step (forward, and one re-gather), as without checkpointing. Hugging Face's
+gradient_checkpointing_enable() checkpoints `forward` the same way, so it composes with FSDP the same way.
+A checkpointed region that *contains* units (say, a stack of blocks) re-enters their hooks during backward; they
+see `ctx.in_backward`, gather if needed and neither record the forward order nor free.
 
 Order: apply it before or after wrapping with FSDP, both work and give the same result, because FSDP only
 registers hooks and never replaces a module's forward. Parameter names do not change either way, so

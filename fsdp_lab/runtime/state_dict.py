@@ -42,7 +42,6 @@ class FullStateDictConfig:
 class StateDictSettings:
     state_dict_type: StateDictType
     state_dict_config: FullStateDictConfig
-    optim_state_dict_config: None = None
 
 
 DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig())
