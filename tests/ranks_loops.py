@@ -6,6 +6,7 @@ dropout, as a new user's model would.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import traceback
 
@@ -232,6 +233,31 @@ def failed_forward(run: Run):
     return losses, run.full_params(model), facts
 
 
+@contextlib.contextmanager
+def _units_gathered_at_once():
+    """The most units whose full masters model.state_dict() held at the same moment: it counts the flats (one per
+    unit of LoopNet) whose original parameters are registered over gathered masters and not yet put back."""
+    from fsdp_lab.runtime import state_dict as module
+
+    register, put_back = module.register_full_params, module.put_back
+    live, peak = set(), [0]
+
+    def counting_register(unit, flat, full):
+        live.add(id(flat))
+        peak[0] = max(peak[0], len(live))
+        return register(unit, flat, full)
+
+    def counting_put_back(flat, replaced):
+        live.discard(id(flat))
+        return put_back(flat, replaced)
+
+    module.register_full_params, module.put_back = counting_register, counting_put_back
+    try:
+        yield peak
+    finally:
+        module.register_full_params, module.put_back = register, put_back
+
+
 def state_dict_round_trip(run: Run):
     """torch FSDP1's default model.state_dict(): train 2 steps, take it on every rank and load it strictly into
     the unwrapped net; load it into a freshly wrapped net whose weights were zeroed, and train that one more step
@@ -239,7 +265,8 @@ def state_dict_round_trip(run: Run):
     model = run.wrap(LoopNet())
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = _train(run, model, opt, steps=range(2))
-    state = model.state_dict()
+    with _units_gathered_at_once() as peak:
+        state = model.state_dict()
     plain = LoopNet()
     plain.load_state_dict(state, strict=True)
     net = LoopNet()
@@ -264,7 +291,8 @@ def state_dict_round_trip(run: Run):
         rank0_only["default_after"] = len(model.state_dict()) == len(state)
     facts = {"clean": _states_clean(run, fresh), "shapes": {k: tuple(v.shape) for k, v in state.items()},
              "plain_equal": all(torch.equal(v, state[k]) for k, v in plain.state_dict().items()),
-             "same_on_every_rank": all(s == sums[0] for s in sums), **rank0_only}
+             "same_on_every_rank": all(s == sums[0] for s in sums), "peak_units_gathered": peak[0],
+             "units": len(model.units) if run.fsdp is not None else None, **rank0_only}
     return losses, run.full_params(fresh), facts
 
 

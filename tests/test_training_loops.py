@@ -96,6 +96,8 @@ def test_state_dict_is_the_plain_models_and_loads_back(strategy, orig, ranked, r
     assert facts["rank0_only"] == [len(facts["shapes"])] + [0] * (world_size - 1), facts["rank0_only"]
     assert facts["same_as_default"], "rank0_only/offload_to_cpu changed the values, or left them on the device"
     assert facts["default_after"], "the state_dict_type context did not restore the default"
+    assert facts["units"] == 4 and facts["peak_units_gathered"] == 2, \
+        f"state_dict() held {facts['peak_units_gathered']} units' masters at once, expected the root and one block"
 
 
 def test_manual_nested_wrap_trains_every_block(ranked, references):

@@ -40,8 +40,9 @@ import torch.distributed as dist
 
 from fsdp_lab.checkpoint import files
 from fsdp_lab.checkpoint.files import FORMAT, CheckpointError, read_meta
+from fsdp_lab.runtime.api import FSDP
+from fsdp_lab.runtime.state_dict import FullStateDictConfig, StateDictType
 from fsdp_lab.runtime.strategy import ShardingStrategy
-from fsdp_lab.runtime.summon import gather_master
 
 
 # -- the layout: which piece of which flat buffer each rank writes and reads ------------------------------
@@ -386,26 +387,11 @@ def restore_optimizer_state(optimizer, loaded: list) -> None:
 # -- the consolidated model: from a live sharded model (collective) or from disk (one process) ------------
 def full_state_dict(model) -> dict:
     """Collective: every rank must call it. Rank 0 gets the plain model's state dict (original names, fp32,
-    on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time."""
-    ctx = model._ctx
-    model._drop_abandoned_backward()  # a backward that raised half-way is over, not running
-    if ctx.in_backward:
-        raise RuntimeError("full_state_dict cannot run during backward")
-    model._reshard_all("summon")
-    tensors = {}
-    for ui, unit in enumerate(model.units):
-        for gi, flat in enumerate(unit.flats):
-            master = gather_master(unit, flat)  # ZERO1 too: its replica is refreshed only at the next forward
-            if ctx.rank == 0:
-                for si, slot in enumerate(flat.slots):
-                    piece = master[slot.offset:slot.offset + slot.numel].view(slot.shape)
-                    tensors[(ui, gi, si)] = piece.detach().to("cpu", torch.float32, copy=True)
-    if ctx.rank != 0:
-        return {}
-    out = {name: tensors[(ui, gi, si)] for name, ui, gi, si in state_dict_order(model)}
-    for name, buf in persistent_buffers(model):
-        out[name] = buf.detach().to("cpu", copy=True)
-    return out
+    on CPU, tied weights sharing one tensor); the other ranks get {}. One unit is gathered at a time: it is
+    `model.state_dict()` with torch FSDP1's usual FullStateDictConfig(offload_to_cpu=True, rank0_only=True)."""
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        return dict(model.state_dict())
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict:

@@ -9,8 +9,9 @@ Scripts written for torch FSDP1 save a model as
         torch.save(state, "model.pt")       # loads into the unwrapped module
 
 and that works here unchanged (torch's own StateDictType and FullStateDictConfig are accepted too). The state dict
-is gathered through summon_full_params, so it holds the whole fp32 model on every rank for a moment: for models
-that do not fit that way, save sharded with fsdp_lab.checkpoint, which is also where the optimizer state goes.
+is gathered one unit at a time ([Note: one unit at a time] below), but the result is the whole fp32 model on each
+rank that keeps it: for models that do not fit that way, save sharded with fsdp_lab.checkpoint, which is also
+where the optimizer state goes.
 SHARDED_STATE_DICT and LOCAL_STATE_DICT are refused with a ValueError that says so, rather than giving a dict
 that looks like another one.
 """
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections import OrderedDict
 
+import torch
+
 from fsdp_lab.runtime.strategy import coerce_enum
-from fsdp_lab.runtime.summon import summon_full_params
+from fsdp_lab.runtime.summon import gather_master, put_back, register_full_params, settle, summon_full_params
 
 
 class StateDictType(enum.Enum):
@@ -66,21 +70,52 @@ def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_co
 
 
 def full_state_dict(model, settings: StateDictSettings, destination=None, prefix: str = "") -> dict:
-    """Collective: gather every unit, copy the plain module's state dict out (the gathered buffers are freed when
-    summon_full_params exits), then drop it where the config says only rank 0 keeps it."""
+    """Collective. [Note: one unit at a time] The plain module's own state_dict() walks the module tree; a pre-hook
+    on each unit's module gathers that unit's fp32 masters and registers the original parameters, and a post-hook,
+    which runs once the unit's submodules are done too, puts the shards back and copies the unit's entries out
+    (to the CPU with offload_to_cpu; dropped on ranks other than 0 with rank0_only). So only one unit is gathered
+    at a time beyond what is kept, as in torch FSDP1, and whatever the module's own state_dict adds (buffers,
+    extra state, its hooks) is there. Tied names share one copy."""
+    settle(model, "state_dict()")
     config = settings.state_dict_config
     keep = not config.rank0_only or model._ctx.rank == 0
     out = destination if destination is not None else OrderedDict()
-    with summon_full_params(model, writeback=False):
-        full = model.module.state_dict(prefix=prefix)
-        if keep:
-            for name, tensor in full.items():
-                tensor = tensor.detach()
-                out[name] = tensor.to("cpu", copy=True) if config.offload_to_cpu else tensor.clone()
-    if destination is None:
-        out._metadata = OrderedDict()
-    if keep and hasattr(out, "_metadata"):  # module versions, which load_state_dict passes to each module
-        out._metadata.update(full._metadata)
+    before, copies = set(out), set()  # keys a caller put there; ids of the copies made so far
+
+    def gather(unit, restore, _module, _prefix, _keep_vars):
+        for flat in unit.flats:
+            full = gather_master(unit, flat)
+            if full.data_ptr() == flat.shard.data_ptr():  # NO_SHARD's master is the live parameter: copy it
+                full = full.clone()
+            restore.append((flat, register_full_params(unit, flat, full)))
+
+    def copy_out(restore, _module, state, sub_prefix, _metadata):
+        for flat, replaced in restore:
+            put_back(flat, replaced)
+        restore.clear()
+        by_storage = {}
+        for key in [k for k in state if k.startswith(sub_prefix) and k not in before]:
+            value = state[key]
+            if not keep:
+                del state[key]
+            elif id(value) not in copies:
+                where = (value.data_ptr(), value.shape, value.stride(), value.dtype)
+                if where not in by_storage:
+                    by_storage[where] = value.to("cpu", copy=True) if config.offload_to_cpu else value.clone()
+                state[key] = by_storage[where]
+                copies.add(id(state[key]))
+
+    handles = []
+    try:
+        for unit in model.units:
+            restore = []
+            handles.append(unit.module.register_state_dict_pre_hook(functools.partial(gather, unit, restore)))
+            handles.append(unit.module.register_state_dict_post_hook(functools.partial(copy_out, restore)))
+        with torch.no_grad():
+            model.module.state_dict(destination=out, prefix=prefix)
+    finally:
+        for handle in handles:
+            handle.remove()
     return out
 
 

@@ -45,23 +45,32 @@ def register_full_params(unit, flat, full: torch.Tensor) -> list[tuple]:
     return replaced
 
 
-def put_back(replaced: list[tuple]) -> None:
-    """Undo register_full_params."""
+def put_back(flat, replaced: list[tuple]) -> None:
+    """Undo register_full_params: the stand-ins go back, and the attributes are views of the unsharded buffer
+    again (with use_orig_params a freed unit's attribute is the registered parameter, so nothing to install)."""
     for owner, attr, previous in reversed(replaced):
         if previous is None:
             owner._parameters.pop(attr, None)
         else:
             owner._parameters[attr] = previous
+    if flat.orig_params is None or flat.persistent_full:
+        flat.install_views()
+
+
+def settle(model, what: str) -> None:
+    """Before gathering the masters outside forward and backward: forget a backward that raised half-way, refuse
+    one that is running, and free every unit (so the masters are the only copy that counts)."""
+    model._drop_abandoned_backward()
+    if model._ctx.in_backward:
+        raise RuntimeError(f"{what} cannot be used during backward")
+    model._reshard_all("summon")
 
 
 @contextlib.contextmanager
 def summon_full_params(model, writeback: bool = True):
     """`model` is an FSDP root; FSDP.summon_full_params checks that before calling here."""
     ctx = model._ctx
-    model._drop_abandoned_backward()
-    if ctx.in_backward:
-        raise RuntimeError("summon_full_params cannot be used during backward")
-    model._reshard_all("summon")
+    settle(model, "summon_full_params")
     restored = []  # (unit, flat, full fp32, what to put back)
     try:
         for unit in model.units:
@@ -72,12 +81,10 @@ def summon_full_params(model, writeback: bool = True):
     finally:
         with torch.no_grad():
             for unit, flat, full, replaced in restored:
-                put_back(replaced)
+                put_back(flat, replaced)
                 if writeback and ctx.strategy is not ShardingStrategy.NO_SHARD:
                     flat.shard.data.copy_(flat.my_chunk(full))
                     if flat.replica is not None:
                         flat.replica.data.copy_(full)
-                if flat.orig_params is None or flat.persistent_full:
-                    flat.install_views()  # with use_orig_params a freed unit's attribute is the registered view
                 if unit.state is not UnitState.SHARDED:
                     unit.free("summon")
