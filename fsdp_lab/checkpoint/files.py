@@ -21,6 +21,7 @@ No torch.distributed here: these helpers are called by rank 0 only (see fsdp_lab
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -42,6 +43,26 @@ class CheckpointError(RuntimeError):
     def __init__(self, message: str, every_rank: bool = False):
         super().__init__(message)
         self.every_rank = every_rank
+
+
+def disk_full(errors, where: Path, needed: int) -> str:
+    """"No space left on device: ..." when a failed write was a full disk, which torch's writer hides (a short
+    write surfaces as "unexpected pos 704 vs 598", not as ENOSPC): an OSError with ENOSPC among `errors` or their
+    causes, or a file system with less room than the `needed` bytes. Otherwise ''."""
+    def chain(exc):
+        while exc is not None:
+            yield exc
+            exc = exc.__cause__ or exc.__context__
+
+    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC for exc in errors for e in chain(exc))
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    if not enospc and (free is None or free >= needed):
+        return ""
+    room = "" if free is None else f": {where} has {free:,} bytes free and this rank's part needs {needed:,}"
+    return f"No space left on device{room}. "
 
 
 def step_dirname(step: int) -> str:

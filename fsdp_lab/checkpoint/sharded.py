@@ -203,30 +203,6 @@ def _one_line(err: BaseException) -> str:
     return "; ".join(parts)
 
 
-def _disk_full(err: BaseException, where: Path, needed: int) -> str:
-    """Name a full disk, which torch's writer hides: a short write surfaces as "unexpected pos 704 vs 598", not as
-    ENOSPC. Say so when an OSError in the chain has ENOSPC, or when the file system has less room than this
-    rank's part of the save; otherwise ''."""
-    import errno
-    import shutil
-
-    def chain(exc):
-        while exc is not None:
-            yield exc
-            exc = exc.__cause__ or exc.__context__
-
-    enospc = any(isinstance(e, OSError) and e.errno == errno.ENOSPC
-                 for exc in _rank_exceptions(err).values() for e in chain(exc))
-    try:
-        free = shutil.disk_usage(where).free
-    except OSError:
-        free = None
-    if not enospc and (free is None or free >= needed):
-        return ""
-    room = "" if free is None else f": {where} has {free:,} bytes free and this rank's part needs {needed:,}"
-    return f"No space left on device{room}. "
-
-
 def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
     """Collective: raise CheckpointError on every rank if any rank's parameters or optimizer state hold NaN or
     inf. Such a state is not saved, so `latest` keeps naming the last finite one."""
@@ -287,8 +263,8 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
     except (Exception, CheckpointException) as err:
         needed = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in state.values())
         raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
-                              f"checkpoint. {_disk_full(err, tmp, needed)}Cause: {_one_line(err)}",
-                              every_rank=True) from err
+                              f"checkpoint. {files.disk_full(_rank_exceptions(err).values(), tmp, needed)}"
+                              f"Cause: {_one_line(err)}", every_rank=True) from err
     cfg = getattr(model.module, "cfg", None)
     meta = {"format": FORMAT, "step": step, "world_size": ctx.world_size, "strategy": ctx.strategy.name,
             "torch": torch.__version__, "units": describe(model),
