@@ -140,6 +140,12 @@ class FlatParam:
         parts = torch.split(self.full, sizes)
         return [parts[i].view(s.shape) for i, s in zip(picks, self.slots)]
 
+    @property
+    def views_dropped_when_freed(self) -> bool:
+        """use_orig_params with a buffer that is freed: the free makes the registered (sharded) parameters the
+        attributes again, so the unsharded views must be installed before the next compute."""
+        return self.orig_params is not None and not self.persistent_full
+
     def install_views(self) -> None:
         """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
         if self.is_full_allocated():

@@ -53,7 +53,7 @@ def put_back(flat, replaced: list[tuple]) -> None:
             owner._parameters.pop(attr, None)
         else:
             owner._parameters[attr] = previous
-    if flat.orig_params is None or flat.persistent_full:
+    if not flat.views_dropped_when_freed:
         flat.install_views()
 
 

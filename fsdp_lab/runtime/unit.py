@@ -145,7 +145,7 @@ class Unit:
             return
         for flat in self.flats:
             flat.free_full()
-            if flat.orig_params is not None and not flat.persistent_full:
+            if flat.views_dropped_when_freed:
                 flat.uninstall_views()
         self._transition("free")
         self.ctx.emit("free", self.name, phase)
@@ -215,11 +215,13 @@ class Unit:
             self.ensure_unsharded("backward")
             # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing and
             # Hugging Face's gradient checkpointing do it) is recomputed without pre_forward: the attributes
-            # must point at the re-gathered buffer now. Under use_orig_params the free put the sharded
-            # parameters back in their place. Grad mode on, so the recomputation saves what the forward saved.
+            # must point at the re-gathered buffer now. Only use_orig_params drops them at the free; otherwise
+            # they are views of the buffer the re-gather refilled. Grad mode on, so the recomputation saves
+            # what the forward saved.
             with torch.enable_grad():
                 for flat in self.flats:
-                    flat.install_views()
+                    if flat.views_dropped_when_freed:
+                        flat.install_views()
             self.ctx.emit("backward_start", self.name, "backward")
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
                 self._prefetch(self.ctx.neighbour(self, -1), "backward")
