@@ -4,9 +4,10 @@ The article (工程实践): bigger units mean fewer collectives but a higher pea
 wrapping here trains the same steps on the same ranks; from the trace we read the largest amount of gathered
 parameters at any event (the peak "on the table") and how many collectives one step issued. `train_wrapped` is
 also the training loop of the engineering and misconceptions experiments: it adds prefetch and
-activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. With prefetch on, the prefetched
-gathers are issued asynchronously (on gloo, a work handle waited on when the unit needs its parameters), which is
-what lets them overlap compute.
+activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. With prefetch on, a unit's
+gather is issued one unit early and waited on when the unit needs its parameters; on a GPU it runs on its own
+stream meanwhile, while on CPU ranks it has already finished when the call returns (collectives are synchronous,
+fsdp_lab/runtime/collectives.py), so there the trace shows the order, not an overlap.
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
