@@ -178,16 +178,21 @@ def summon_writeback(rank, world_size, strategy):
     return names, after["blocks.0.ln1.weight"], after["wte.weight"][0], logits, states
 
 
+def message_of(fn) -> str | None:
+    """What a user sees when `fn` fails: "ValueError: ..." (None when it does not fail)."""
+    try:
+        fn()
+    except (ValueError, RuntimeError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def error_cases(rank, world_size):
     """Each misuse, with the message the user sees."""
     messages = {}
 
     def capture(key, fn):
-        try:
-            fn()
-            messages[key] = None
-        except (ValueError, RuntimeError, TypeError) as exc:
-            messages[key] = f"{type(exc).__name__}: {exc}"
+        messages[key] = message_of(fn)
 
     def tied_across():
         m = build_gpt("tiny")

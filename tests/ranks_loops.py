@@ -12,6 +12,7 @@ import traceback
 
 import torch
 import torch.distributed as dist
+from ranks_features import message_of
 from torch import nn
 
 from fsdp_lab import FSDP
@@ -449,11 +450,7 @@ def wrap_errors(rank, world_size):
     messages = {}
 
     def capture(key, fn):
-        try:
-            fn()
-            messages[key] = None
-        except (ValueError, RuntimeError, TypeError) as exc:
-            messages[key] = f"{type(exc).__name__}: {exc}"
+        messages[key] = message_of(fn)
 
     capture("bare_transformer_policy", lambda: FSDP(LoopNet(), auto_wrap_policy=transformer_auto_wrap_policy))
     capture("bare_torch_transformer_policy", lambda: FSDP(LoopNet(), auto_wrap_policy=torch_transformer_policy))
