@@ -293,9 +293,7 @@ def run(args: argparse.Namespace) -> int:
 def _is_collective_error(err: BaseException) -> bool:
     import torch.distributed as dist
 
-    from fsdp_lab.runtime.collectives import CollectiveFailed
-
-    if isinstance(err, (CollectiveFailed, getattr(dist, "DistError", ()))):
+    if isinstance(err, getattr(dist, "DistError", ())):  # fsdp_lab's CollectiveFailed is one too
         return True
     text = str(err)
     return isinstance(err, RuntimeError) and any(
