@@ -7,7 +7,7 @@ import torch.distributed as dist
 from fsdp_lab import FSDP, BackwardPrefetch
 from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.runtime.unit import UnitState
-from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
+from fsdp_lab.training.models import Block, GPTConfig, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 GLOBAL_BATCH = 4
@@ -159,6 +159,10 @@ class _Event:
         waiter = stream.label if stream is not None else None
         self.fake.log.append({"kind": "wait_event", "stream": waiter, "id": self.id, "of": self.stream})
 
+    def query(self):
+        """Never complete: the stand-in GPU is always behind the host, the worst case for memory."""
+        return False
+
 
 class LoggingSpy(Spy):
     def __init__(self, model, log):
@@ -170,19 +174,53 @@ class LoggingSpy(Spy):
         self.log.append({"kind": "lifecycle", **self.events[-1]})
 
 
-def fake_stream_run(rank, world_size, strategy="FULL_SHARD"):
-    """Train two steps with the CUDA code path switched on over fake streams; return the log and results."""
-    from fsdp_lab.runtime.streams import CommStreams, ReduceQueue
+def _log_storage(flat, unit, log, fake):
+    """Log every real allocation of `flat`'s unsharded storage (with the stream current then) and every real
+    release (storage resized to 0), by wrapping the two methods on this one object."""
+    alloc, free = flat.alloc_full, flat.free_full
 
-    base = build_gpt("tiny")
-    model = FSDP(base, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),
-                 forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+    def logged_alloc():
+        fresh = not flat.is_full_allocated()
+        log.append({"kind": "alloc", "unit": unit, "flat": id(flat), "fresh": fresh, "stream": fake._current.label})
+        return alloc()
+
+    def logged_free():
+        if flat.is_full_allocated():
+            log.append({"kind": "release", "unit": unit, "flat": id(flat)})
+        free()
+
+    flat.alloc_full, flat.free_full = logged_alloc, logged_free
+
+
+FOUR_BLOCKS = GPTConfig(vocab_size=256, block_size=64, n_layer=4, n_head=2, n_embd=32)  # room for a bound of 2
+
+
+def fake_stream_run(rank, world_size, strategy="FULL_SHARD", options=None):
+    """Train two steps of a 4-block GPT with the CUDA code path switched on over fake streams, with torch's
+    default options unless `options` says otherwise; return the log (waits, events, storage allocations and
+    releases, lifecycle events, in the order they happened), the results, and those of the same run on CPU's
+    null streams."""
+    from fsdp_lab.runtime.streams import CommStreams
+
+    def build():
+        base = build_gpt(FOUR_BLOCKS)
+        return base, FSDP(base, sharding_strategy=strategy, auto_wrap_policy=ModuleWrapPolicy({Block}),
+                          **(options or {}))
+
+    ref_base, ref = build()
+    ref_losses = _train(rank, world_size, ref, ref_base, steps=2)
+    base, model = build()
     log = []
     fake = FakeCuda(log)
     ctx = model._ctx
-    ctx.streams = CommStreams(torch.device("cpu"), cuda=fake)
-    ctx.reduces = ReduceQueue(ctx.streams, ctx.max_reduces_in_flight)
+    ctx.use_streams(CommStreams(torch.device("cpu"), cuda=fake))
+    for unit in model.units:
+        for flat in unit.flats:
+            _log_storage(flat, unit.name, log, fake)
     model.set_tracer(LoggingSpy(model, log))
     losses = _train(rank, world_size, model, base, steps=2)
     model.set_tracer(None)
-    return {"log": log, "losses": losses, "params": _full_params(model), "limit": ctx.max_reduces_in_flight}
+    freed_after = [size for u in model.units for size in u.full_storage_sizes()]
+    return {"log": log, "losses": losses, "params": _full_params(model), "limit": ctx.max_reduces_in_flight,
+            "all_gather_limit": ctx.frees.limit, "units": [u.name for u in model.units],
+            "freed_after": freed_after, "ref_losses": ref_losses, "ref_params": _full_params(ref)}

@@ -116,37 +116,167 @@ def test_overlap_changes_no_numbers(sync_run, pre_run):
         assert torch.equal(pre_run["params"][name], ref), name
 
 
-def test_cuda_stream_ordering_rules_on_fake_streams(sync_run):
-    """The CUDA code path, run on CPU over stand-in streams that log every wait and event: each side stream
-    waits for compute before it works; compute waits for a unit's gather before the unit computes and for every
-    reduce by the end of backward; at most `limit` reduces are held. Every event wait names the stream that
-    waits (a bare `event.wait()` would order whatever stream is current), and the gather stream has high
-    priority."""
-    out = run_on_ranks(fake_stream_run, 2, timeout_s=150)[0]
-    assert out["losses"] == sync_run["losses"]
-    for name, ref in sync_run["params"].items():
-        assert torch.equal(out["params"][name], ref), name
+class GatherStreamReplay:
+    """Replays a fake-stream log and keeps, for the gather stream, its horizon: the latest log position of compute
+    work it is ordered after (a `wait_stream` on compute covers everything queued before it; waiting on an event
+    covers what was queued before the event was recorded)."""
+
+    def __init__(self, log):
+        self.log, self.horizon, self.recorded_at = log, -1, {}
+
+    def __iter__(self):
+        for pos, entry in enumerate(self.log):
+            if entry["kind"] == "record":
+                self.recorded_at[entry["id"]] = (pos, entry["stream"])
+            elif entry["kind"] == "wait_stream" and entry["stream"] == "gather":
+                self.horizon = max(self.horizon, pos)
+            elif entry["kind"] == "wait_event" and entry["stream"] == "gather":
+                at, stream = self.recorded_at[entry["id"]]
+                assert stream == "compute", f"{entry}: the gather stream waits for compute events only"
+                self.horizon = max(self.horizon, at)
+            yield pos, entry
+
+
+def _fake(**options):
+    return run_on_ranks(fake_stream_run, 2, "FULL_SHARD", options, timeout_s=150)[0]
+
+
+@pytest.fixture(scope="module")
+def default_fake():
+    """torch's defaults: backward_prefetch=BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True."""
+    return _fake()
+
+
+def test_fake_streams_run_the_same_numbers(default_fake):
+    assert default_fake["losses"] == default_fake["ref_losses"]
+    for name, ref in default_fake["ref_params"].items():
+        assert torch.equal(default_fake["params"][name], ref), name
+    streams = [e for e in default_fake["log"] if e["kind"] == "new_stream"]
+    assert [s["priority"] for s in streams] == [0, -1, 0], "compute, gather (high priority), reduce"
+
+
+def test_gather_stream_waits_for_compute_once_per_iteration(default_fake):
+    log = default_fake["log"]
+    waits = [i for i, e in enumerate(log) if e["kind"] == "wait_stream" and e["stream"] == "gather"]
+    roots = [i for i, e in enumerate(log) if e["kind"] == "lifecycle" and e["event"] == "gather_start"
+             and e["unit"] == "<root>"]
+    assert len(waits) == len(roots) == 2, (waits, roots)  # two steps, one root forward each
+    ends = [i for i, e in enumerate(log) if e["kind"] == "lifecycle" and e["event"] == "backward_end"]
+    assert waits[0] < roots[0] < ends[0] < waits[1] < roots[1] < ends[1], "at each root pre-forward, before it gathers"
+
+
+def test_no_gather_waits_for_the_compute_queued_just_before_it(default_fake):
+    """Implicit prefetching: when a gather (forward or backward re-gather) is recorded, the gather stream is
+    ordered after no compute of the unit that started computing last, so the GPU can run the two together.
+    In forward that is the gather of block i+1 against block i's compute."""
+    last_compute, checked, blocks_checked = None, 0, set()
+    replay = GatherStreamReplay(default_fake["log"])
+    owner = None
+    for pos, entry in replay:
+        if entry["kind"] == "lifecycle" and entry["event"] == "backward_end":
+            last_compute = None  # the next iteration's first gathers come before any of its compute
+        if entry["kind"] == "lifecycle":
+            owner = entry["unit"] if entry["event"].endswith("gather_start") else None
+            if entry["event"] in ("forward_start", "backward_start"):
+                last_compute = (pos, entry["unit"], entry["event"])
+        elif entry["kind"] == "record" and entry["stream"] == "gather" and last_compute is not None:
+            at, unit, event = last_compute
+            assert replay.horizon < at, (f"the gather of {owner} waits for compute queued after {unit}'s "
+                                         f"{event} (horizon {replay.horizon} >= {at})")
+            checked += 1
+            if event == "forward_start" and unit.startswith("blocks."):
+                blocks_checked.add(owner)
+    assert checked >= 16 and {"blocks.1", "blocks.2", "blocks.3"} <= blocks_checked, (checked, blocks_checked)
+
+
+def _replay_buffers(run):
+    """Check every buffer rule along the log; return the most blocks' buffers alive at once, per phase."""
+    replay = GatherStreamReplay(run["log"])
+    limit = run["all_gather_limit"]
+    alive, held, readers_done, last_use = {}, set(), {}, {}
+    peak = {"forward": 0, "backward": 0}
+    phase = "forward"
+    for pos, entry in replay:
+        kind = entry["kind"]
+        if kind == "lifecycle":
+            unit, event = entry["unit"], entry["event"]
+            phase = entry["phase"] if entry["phase"] in peak else phase
+            if event == "free":
+                readers_done[unit] = last_use[unit]
+                held |= {f for f, u in alive.items() if u == unit}
+            else:
+                last_use[unit] = pos
+        elif kind == "alloc":
+            assert entry["stream"] == "gather", f"{entry}: the unsharded buffer is allocated on the gather stream"
+            if entry["fresh"]:
+                if limit is not None:
+                    assert len(held) <= limit - 1, f"{len(held)} freed buffers held when a gather allocates"
+                alive[entry["flat"]] = entry["unit"]
+            else:  # a held buffer gathered again: written only after its readers are done
+                assert entry["flat"] in held, entry
+                assert replay.horizon >= readers_done[entry["unit"]], f"{entry} rewritten before its readers' event"
+            held.discard(entry["flat"])
+        elif kind == "release":
+            unit = entry["unit"]
+            assert entry["flat"] in held, f"{entry}: released while its unit is not freed"
+            assert replay.horizon >= readers_done[unit], (
+                f"{unit}'s buffer released (its block reusable by the next gather) before the gather stream waited "
+                f"for its readers: horizon {replay.horizon}, last use at {readers_done[unit]}")
+            held.discard(entry["flat"])
+            alive.pop(entry["flat"])
+        if limit is not None:
+            assert len(held) <= limit, f"{len(held)} freed buffers held, limit {limit}"
+        blocks = sum(u != "<root>" for u in alive.values())
+        peak[phase] = max(peak[phase], blocks)
+        if kind == "lifecycle" and entry["event"] == "backward_end":
+            assert not alive, f"buffers still allocated at the end of backward: {set(alive.values())}"
+    return peak
+
+
+def test_no_buffer_is_reused_before_its_readers_event(default_fake):
+    """A freed unit's buffer keeps its storage until the gather stream has waited for the compute event after
+    its last reader; only then is it released (its block reusable) or gathered into again. At most two blocks'
+    buffers are allocated in forward (limit_all_gathers), one more in backward with BACKWARD_PRE's prefetch."""
+    peak = _replay_buffers(default_fake)
+    assert peak == {"forward": 2, "backward": 3}, peak
+    assert default_fake["freed_after"] and not any(default_fake["freed_after"])
+
+
+def test_limit_all_gathers_false_leaves_the_buffers_unbounded():
+    """The fake GPU never catches up, so without the limit every block's buffer stays allocated through forward,
+    and the same safety rules still hold."""
+    run = _fake(limit_all_gathers=False)
+    peak = _replay_buffers(run)
+    blocks = sum(u.startswith("blocks.") for u in run["units"])
+    assert peak["forward"] == blocks > 2, (peak, blocks)
+
+
+def test_reduce_and_compute_waits_on_fake_streams(default_fake):
+    """The compute stream waits for a unit's gather before the unit computes and for every reduce by the end of
+    backward; the reduce stream waits for compute before each reduce; at most `limit` reduces are held. Every
+    event wait names the stream that waits (a bare `event.wait()` would order whatever stream is current)."""
+    out = default_fake
     waited, pending_gather, gather_owner, reduce_open = set(), {}, None, []
-    synced_since_record = {"gather": False, "reduce": False}
+    reduce_synced = False
     checked = 0
     for entry in out["log"]:
         kind = entry["kind"]
         if kind == "wait_stream":
             assert entry["on"] == "compute", entry
-            synced_since_record[entry["stream"]] = True
+            reduce_synced |= entry["stream"] == "reduce"
         elif kind == "record":
-            assert synced_since_record[entry["stream"]], f"{entry}: side stream did not wait for compute first"
-            synced_since_record[entry["stream"]] = False
             if entry["stream"] == "gather":
                 assert gather_owner is not None, "a gather event outside any gather"
                 pending_gather.setdefault(gather_owner, set()).add(entry["id"])
-            else:
+            elif entry["stream"] == "reduce":
+                assert reduce_synced, f"{entry}: the reduce stream did not wait for compute first"
+                reduce_synced = False
                 reduce_open.append(entry["id"])
         elif kind == "wait_event":
             assert entry["stream"] is not None, f"{entry}: a wait left to the current stream"
-            assert entry["stream"] == "compute", entry
-            waited.add(entry["id"])
-            reduce_open = [i for i in reduce_open if i != entry["id"]]
+            if entry["stream"] == "compute":
+                waited.add(entry["id"])
+                reduce_open = [i for i in reduce_open if i != entry["id"]]
         elif kind == "lifecycle":
             event, unit = entry["event"], entry["unit"]
             assert len(reduce_open) <= out["limit"], f"{len(reduce_open)} reduces held, limit {out['limit']}"
@@ -158,6 +288,4 @@ def test_cuda_stream_ordering_rules_on_fake_streams(sync_run):
             if event == "backward_end":
                 assert not reduce_open, f"backward ended with reduce events {reduce_open} not waited for"
     assert checked >= 6
-    streams = [e for e in out["log"] if e["kind"] == "new_stream"]
-    assert [s["priority"] for s in streams] == [0, -1, 0], "compute, gather (high priority), reduce"
-    assert sum(e["kind"] == "wait_event" for e in out["log"]) >= 6
+    assert sum(e["kind"] == "wait_event" and e["stream"] == "compute" for e in out["log"]) >= 6

@@ -119,7 +119,7 @@ class FSDP(nn.Module):
             mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, torch.float32),
             reduce_dtype=reduce_dtype(mixed_precision, torch.float32), device=device,
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
-            max_gathers_in_flight=2 if limit_all_gathers else 1 << 30,
+            limit_all_gathers=bool(limit_all_gathers),
             on_backward_start=self._on_backward_start)
         self._units = self._build_units(module, auto_wrap_policy, nested_units)
 
@@ -262,6 +262,7 @@ class FSDP(nn.Module):
         """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""
         for unit in self._units:
             unit.free(phase)
+        self._ctx.frees.drain()  # nothing held until the next forward ([Note: memory across streams])
 
     # -- torch-compatible helpers ------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -16,7 +16,9 @@ import torch
 
 from fsdp_lab.runtime.mixed_precision import MixedPrecision
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
-from fsdp_lab.runtime.streams import CommStreams, ReduceQueue
+from fsdp_lab.runtime.streams import CommStreams, FreeQueue, ReduceQueue
+
+ALL_GATHER_LIMIT = 2  # limit_all_gathers=True: torch FSDP1's rate limiter allows two all-gathers in flight
 
 
 @dataclass
@@ -31,7 +33,8 @@ class FSDPState:
     device: torch.device
     forward_prefetch: bool = False
     backward_prefetch: Optional[BackwardPrefetch] = None
-    max_gathers_in_flight: int = 2
+    limit_all_gathers: bool = True
+    max_gathers_in_flight: Optional[int] = None  # explicit prefetch's bound (default: from limit_all_gathers)
     max_reduces_in_flight: int = 2
     # -- flags of the step in progress ----------------------------------------------------------------------
     sync_gradients: bool = True
@@ -46,20 +49,29 @@ class FSDPState:
     on_backward_start: Optional[Callable[[], None]] = None
     streams: Optional[CommStreams] = None
     reduces: Optional[ReduceQueue] = None
+    frees: Optional[FreeQueue] = None
 
     def __post_init__(self):
-        if self.streams is None:
-            self.streams = CommStreams(self.device)
-        if self.reduces is None:
-            self.reduces = ReduceQueue(self.streams, self.max_reduces_in_flight)
+        if self.max_gathers_in_flight is None:
+            self.max_gathers_in_flight = ALL_GATHER_LIMIT if self.limit_all_gathers else 1 << 30
+        self.use_streams(self.streams or CommStreams(self.device))
+
+    def use_streams(self, streams: CommStreams) -> None:
+        """Run on `streams` (tests hand in stand-in CUDA streams), with fresh queues ordered by them."""
+        self.streams = streams
+        self.reduces = ReduceQueue(streams, self.max_reduces_in_flight)
+        self.frees = FreeQueue(streams, ALL_GATHER_LIMIT if self.limit_all_gathers else None)
 
     def begin_iteration(self) -> None:
         """The root's forward starts, on the stream that is current now. If gradients were reduced since the last
-        one, the optimizer may have stepped: a new parameter epoch begins."""
+        one, the optimizer may have stepped: a new parameter epoch begins. The gather stream waits for compute
+        here, once per iteration, which also releases every freed buffer still held ([Note: three streams] and
+        [Note: memory across streams] in fsdp_lab/runtime/streams.py)."""
         if self.grads_reduced:
             self.param_epoch += 1
             self.grads_reduced = False
-        self.streams.begin_forward()
+        self.streams.begin_iteration()
+        self.frees.drain(ordered=True)
 
     def emit(self, event: str, unit: str, phase: str, collectives: tuple = (), **extra) -> None:
         """Hand one lifecycle event to the attached tracer, if any; `collectives` are what the beat issued

@@ -3,7 +3,8 @@
 `gather_flat_param` and `reduce_flat_param` are one flat's all-gather and gradient reduction, per strategy, placed
 on the right stream; the unit (fsdp_lab/runtime/unit.py) decides *when* they run. The whole reduce path is here:
 copy-in and collective (fsdp_lab/runtime/collectives.py), copy-out (`store_grad`), and the queue of reduces the
-compute stream has not yet waited for (`ReduceQueue`).
+compute stream has not yet waited for (`ReduceQueue`). The gather path's counterpart is the `FreeQueue`: freed
+unsharded buffers held until their readers on the compute stream are done.
 
 [Note: three streams] On CUDA the runtime uses three streams, as torch FSDP2 does:
     compute  the stream the forward runs on (the current stream when the root's forward starts)
@@ -11,29 +12,42 @@ compute stream has not yet waited for (`ReduceQueue`).
     reduce   copy-in (bf16 gradient → fp32), reduce-scatter, divide by N, accumulate into shard.grad
 Each collective is issued *synchronously* inside its side stream, so NCCL runs it on that stream: a prefetched
 all-gather does not queue behind the previous unit's reduce-scatter on NCCL's one internal stream, and nothing
-waits on the host. Each side stream first waits for everything queued on the compute stream so far
-(`CommStreams.side`): the gather must not read a shard the optimizer is still updating, the reduce must not read
-a gradient still being produced. The compute stream waits for a gather's event right before the unit computes and
-for every reduce's event at the end of backward. Every wait names the stream that waits (`event.wait(stream)`,
+waits on the host. The gather stream waits for the compute stream once per iteration, when the root's forward
+starts (`CommStreams.begin_iteration`): after that nothing writes a shard until the next optimizer step, so no
+gather of the iteration, forward or backward re-gather, has any compute to wait for except the readers of a
+buffer it is about to reuse ([Note: memory across streams]). That is torch's implicit forward prefetching,
+always on: the host queues unit i's compute and moves on to unit i+1's pre-forward, whose all-gather the GPU
+then runs while unit i computes. forward_prefetch and backward_prefetch only move the issue earlier still. The
+reduce stream waits for everything queued on the compute stream before each reduce: it reads a gradient that is
+still being produced there. The compute stream waits for a gather's event right before the unit computes and for
+every reduce's event at the end of backward. Every wait names the stream that waits (`event.wait(stream)`,
 `stream.wait_stream(other)`): a bare `event.wait()` would order whatever stream is current on whatever device is
 current. On CPU there are no streams: `CommStreams` is null, every event is None, and the very same functions
 run, so CI exercises the code path a GPU takes.
 
 [Note: memory across streams] The caching allocator gives a freed block to the next allocation *on the stream
 that allocated it*, without looking at other streams. Four rules keep that safe here:
-1. `full` is (re)allocated on the compute stream, and the gather stream waits for the compute stream before
-   writing into it: the block may have been freed a moment ago by compute work that is still queued (the
-   previous unit's buffer or activations).
-2. `full` is freed (storage resized to 0) on the host once the unit's compute is queued. The compute stream has
-   already waited for the gather, so a later compute allocation that reuses the block is ordered after the
-   gather's writes and the compute's reads.
+1. `full` is (re)allocated on the gather stream. Only gather-stream allocations can get its block, and the
+   gather stream never waits for compute mid-iteration, so what decides safety is when a block is given back.
+2. A unit's free (state SHARDED, views gone) records an event on the compute stream after the unit's last
+   reader, and hands `full` to the `FreeQueue`, which keeps its storage. The storage is resized to 0 only after
+   the gather stream has waited for that event (or for the whole compute stream, at the next iteration's start):
+   so the next gather-stream allocation that reuses the block is ordered after the readers. A unit gathered again
+   while its buffer is held reuses it, after the same wait. limit_all_gathers=True bounds what is held, as torch
+   FSDP1's rate limiter bounds in-flight all-gathers: before a gather allocates, at most one freed buffer is held
+   (the one the compute stream may be reading right now), so in forward at most two blocks' buffers are
+   allocated: FSDP2's two-group bound. The gather of unit i+1 waits for unit i-1's readers, never for unit i's.
+   With limit_all_gathers=False nothing bounds it: a held buffer is released once its event has completed
+   (checked without waiting), and memory grows as far as the host runs ahead. Every buffer still held is
+   released at the end of backward and of an eval forward. On CPU, with no events, the free is immediate.
 3. The gradient given to the reduce stream was allocated on the compute stream. We do not call record_stream
    (it releases the block only when the allocator next polls its events, so memory use drifts from run to run).
    We keep a reference until the compute stream has waited on the reduce's event: at most
    `max_reduces_in_flight` are held, the oldest released when a new reduce is queued, all at the end of backward.
-4. Buffers allocated on a side stream (the bf16 send buffer, the reduce-scatter output that becomes shard.grad)
-   are used there or by compute after it waited, and a side stream waits for compute before each new use, so
-   reusing their blocks on the side stream is ordered after compute's last read.
+4. The other buffers allocated on a side stream (the bf16 send buffer, the reduce-scatter output that becomes
+   shard.grad) are used there, or by compute after it waited for that stream; the reduce stream waits for compute
+   before each new use, and the send buffer is read by the gather stream alone, so reusing their blocks on their
+   stream is ordered after every read.
 
 [Note: ZeRO-1 replicas] Under ZERO1 every rank keeps a full fp32 replica of the parameters, and its shard (the
 master the optimizer updates) is a window onto it. After an optimizer step the other ranks' chunks of the replica
@@ -53,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
@@ -84,10 +99,12 @@ class CommStreams:
         self.gather = self.cuda.Stream(device=device, priority=-1) if self.enabled else None
         self.reduce = self.cuda.Stream(device=device) if self.enabled else None
 
-    def begin_forward(self) -> None:
-        """Remember the stream the forward runs on: backward and its hooks use the same one."""
+    def begin_iteration(self) -> None:
+        """The root's forward starts: remember the stream it runs on (backward and its hooks use the same one),
+        and let the gather stream wait for it, once per iteration ([Note: three streams])."""
         if self.enabled:
             self.compute = self.cuda.current_stream(self.device)
+            self.gather.wait_stream(self.compute)
 
     def compute_stream(self):
         return self.compute if self.compute is not None else self.cuda.current_stream(self.device)
@@ -107,25 +124,33 @@ class CommStreams:
 
     @contextlib.contextmanager
     def side(self, name: str):
-        """Run the block on the 'gather' or 'reduce' stream, ordered after the compute stream's queued work."""
+        """Run the block on the 'gather' or 'reduce' stream. The reduce stream first waits for the compute
+        queued so far; the gather stream does not ([Note: three streams])."""
         if not self.enabled:
             yield
             return
         stream = self.gather if name == "gather" else self.reduce
-        stream.wait_stream(self.compute_stream())
+        if stream is self.reduce:
+            stream.wait_stream(self.compute_stream())
         with self.cuda.stream(stream):
             yield
 
     def record(self, name: str):
-        """An event at the current end of a side stream's queue (None on CPU)."""
+        """An event at the current end of the 'gather', 'reduce' or 'compute' stream's queue (None on CPU)."""
         if not self.enabled:
             return None
-        return (self.gather if name == "gather" else self.reduce).record_event()
+        streams = {"gather": self.gather, "reduce": self.reduce, "compute": self.compute_stream()}
+        return streams[name].record_event()
 
     def compute_waits(self, event) -> None:
         """The compute stream (named: never whatever stream is current) waits for a side stream's event."""
         if event is not None:
             event.wait(self.compute_stream())
+
+    def gather_waits(self, event) -> None:
+        """The gather stream waits for a compute-stream event ([Note: memory across streams], rule 2)."""
+        if event is not None:
+            event.wait(self.gather)
 
 
 class ReduceQueue:
@@ -151,6 +176,81 @@ class ReduceQueue:
             self.streams.compute_waits(self._pending.popleft()[0])
 
 
+@dataclass
+class _Held:
+    event: Any  # recorded on the compute stream after the last reader of these buffers
+    flats: list  # whose `full` storage is still allocated
+    waited: bool = False  # the gather stream has waited for `event`
+
+
+class FreeQueue:
+    """Unsharded buffers their unit has freed whose storage is kept until the gather stream has waited for their
+    readers ([Note: memory across streams], rule 2), oldest first. `limit` (limit_all_gathers) bounds how many
+    are held; None leaves it unbounded."""
+
+    def __init__(self, streams: CommStreams, limit: Optional[int] = 2):
+        if limit is not None and limit < 1:
+            raise ValueError(f"the all-gather limit must be at least 1, got {limit}")
+        self.streams, self.limit = streams, limit
+        self._held: deque[_Held] = deque()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def push(self, flats: list) -> None:
+        """A unit was freed: release its buffers once the compute stream's work queued so far has run."""
+        flats = [f for f in flats if not f.persistent_full]
+        if not flats:
+            return
+        event = self.streams.record("compute")
+        if event is None:  # CPU: nothing is queued behind the host, the readers are done
+            for flat in flats:
+                flat.free_full()
+            return
+        while self.limit is not None and len(self._held) >= self.limit:
+            self._release(self._held.popleft())
+        self._held.append(_Held(event, flats))
+
+    def reclaim(self, flat) -> bool:
+        """`flat` is about to be gathered again: if its buffer is still held, the gather stream waits for its
+        readers and the buffer is reused as it is. False if it was not held."""
+        for held in self._held:
+            if any(f is flat for f in held.flats):
+                self._wait(held)
+                held.flats = [f for f in held.flats if f is not flat]
+                if not held.flats:
+                    self._held.remove(held)
+                return True
+        return False
+
+    def make_room(self) -> None:
+        """Before a gather allocates a buffer: under the limit, keep at most limit-1 held, so at most `limit` are
+        alive with the new one; unbounded, release the buffers whose readers are already done."""
+        if self.limit is None:
+            while self._held and self._held[0].event.query():
+                self._release(self._held.popleft())
+            return
+        while len(self._held) > self.limit - 1:
+            self._release(self._held.popleft())
+
+    def drain(self, ordered: bool = False) -> None:
+        """Release every held buffer. ordered=True: the gather stream has just waited for the whole compute
+        stream, so no further wait is needed."""
+        while self._held:
+            self._release(self._held.popleft(), ordered)
+
+    def _wait(self, held: _Held) -> None:
+        if not held.waited:
+            self.streams.gather_waits(held.event)
+            held.waited = True
+
+    def _release(self, held: _Held, ordered: bool = False) -> None:
+        if not ordered:
+            self._wait(held)
+        for flat in held.flats:
+            flat.free_full()
+
+
 # -- gather ----------------------------------------------------------------------------------------------------
 def refresh_replica(ctx, flat) -> Optional[Collective]:
     """ZERO1: all-gather every rank's shard into the replica, once per epoch ([Note: ZeRO-1 replicas])."""
@@ -166,21 +266,23 @@ def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
     """Issue one flat's gather into its unsharded buffer on the gather stream. Returns (event, what moved): the
     buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`)."""
     strategy, streams = ctx.strategy, ctx.streams
-    with torch.no_grad():
-        with streams.on_compute():  # [Note: memory across streams], rule 1
-            full = None if flat.persistent_full else flat.alloc_full()
-        with streams.side("gather"):
-            comm = None
-            if strategy is ShardingStrategy.NO_SHARD:
-                if full is not None:
-                    full.copy_(flat.shard.detach())
-            elif strategy is ShardingStrategy.ZERO1:
-                comm = refresh_replica(ctx, flat)
-                if full is not None:
-                    full.copy_(flat.replica.data)
-            else:  # copy-in casts the fp32 shard to the compute dtype: a bf16 policy sends bf16
-                comm = all_gather_flat(full, flat.shard.detach(), ctx.pg, ctx.world_size, flat.unit_name)
-            return streams.record("gather"), comm
+    with torch.no_grad(), streams.side("gather"):
+        full = None
+        if not flat.persistent_full:  # [Note: memory across streams], rules 1 and 2
+            if not ctx.frees.reclaim(flat):
+                ctx.frees.make_room()
+            full = flat.alloc_full()
+        comm = None
+        if strategy is ShardingStrategy.NO_SHARD:
+            if full is not None:
+                full.copy_(flat.shard.detach())
+        elif strategy is ShardingStrategy.ZERO1:
+            comm = refresh_replica(ctx, flat)
+            if full is not None:
+                full.copy_(flat.replica.data)
+        else:  # copy-in casts the fp32 shard to the compute dtype: a bf16 policy sends bf16
+            comm = all_gather_flat(full, flat.shard.detach(), ctx.pg, ctx.world_size, flat.unit_name)
+        return streams.record("gather"), comm
 
 
 # -- reduce ----------------------------------------------------------------------------------------------------

@@ -10,13 +10,17 @@ so that is when we reduce it and free the parameters. A unit with frozen paramet
 gradients of its inputs exist (a pass-through autograd node on its inputs), since computing those still reads
 the frozen weights. If neither signal can fire, the root's end-of-backward callback frees the unit.
 
-[Note: overlap] A gather is issued (state GATHERING) and waited for (state UNSHARDED) in two separate places, so
-that prefetch can issue the next unit's gather while this one computes: forward_prefetch in pre_forward,
-BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced and it is freed. At most
-ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
-on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
-the memory rules); on CPU the same code runs with null streams. Reductions are waited for at the latest by the
-root's end-of-backward callback.
+[Note: overlap] On CUDA every gather overlaps compute without any option: the gather stream waits for compute
+once per iteration, so the all-gather the host issues in unit i+1's pre-forward runs while the GPU still
+computes unit i (torch's implicit forward prefetching). A gather is issued (state GATHERING) and waited for
+(state UNSHARDED) in two separate places, so that explicit prefetch can issue a gather earlier still, before this
+unit's compute is queued: forward_prefetch in pre_forward, BACKWARD_PRE (the default) when a unit's backward
+starts, BACKWARD_POST once its gradients are reduced and it is freed. At most ctx.max_gathers_in_flight gathers
+are issued and not yet waited for. The copy-in and the collective run on the gather stream and the
+reduce-scatter on the reduce stream; a freed buffer's storage is held until the gather stream has waited for its
+readers (fsdp_lab/runtime/streams.py explains the ordering and the memory rules). On CPU the same code runs with
+null streams and every collective is synchronous, so nothing overlaps there: the order of issue is what shows.
+Reductions are waited for at the latest by the root's end-of-backward callback.
 """
 from __future__ import annotations
 
@@ -144,9 +148,9 @@ class Unit:
         if self.state is not UnitState.UNSHARDED:
             return
         for flat in self.flats:
-            flat.free_full()
             if flat.views_dropped_when_freed:
                 flat.uninstall_views()
+        self.ctx.frees.push(self.flats)  # storage kept until its readers are done ([Note: memory across streams])
         self._transition("free")
         self.ctx.emit("free", self.name, phase)
 
@@ -265,6 +269,7 @@ class Unit:
         self.ctx.reduces.drain()
         if self.state is not UnitState.SHARDED:
             self.free("backward")
+        self.ctx.frees.drain()
         self._backward_pending = False
 
     def reset_abandoned_backward(self) -> None:
