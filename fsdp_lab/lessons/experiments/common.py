@@ -52,8 +52,8 @@ class RunSpec:
     global_batch: int = 4
     seq_len: int = 32
     lr: float = 1e-3
-    forward_prefetch: bool = False
-    backward_prefetch: Optional[str] = None
+    forward_prefetch: bool = False  # torch's defaults, as FSDP(...) gives them
+    backward_prefetch: Optional[str] = "BACKWARD_PRE"
     trace: bool = True
     trace_dir: Optional[str] = None
     step_sleep_s: float = 0.0

@@ -25,7 +25,16 @@ from fsdp_lab.training.models import batch_for_step, rank_slice
 # it ends when its gradient is ready and reduce-scattered.
 BEATS = {"gather": ("gather_start", "gather_end"), "forward": ("forward_start", "forward_end"),
          "regather": ("regather_start", "regather_end"), "backward": ("backward_start", "reduce_scatter")}
-PREFETCH = {"no prefetch": dict(), "prefetch": dict(forward_prefetch=True, backward_prefetch="BACKWARD_PRE")}
+# The prefetch runs, each named by its options: prefetch turned off (backward_prefetch=None is not torch's
+# default), torch's defaults (BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True), and explicit forward
+# prefetch on top. On CUDA every run's forward gathers overlap compute (implicit prefetching, always on,
+# fsdp_lab/runtime/streams.py); on CPU ranks collectives are synchronous and nothing overlaps: the traces differ
+# in the order gathers are issued and used.
+PREFETCH = {"prefetch off": dict(backward_prefetch=None), "torch defaults": dict(),
+            "+ forward_prefetch": dict(forward_prefetch=True)}
+PREFETCH_OPTIONS = {"prefetch off": "backward_prefetch=None, forward_prefetch=False",
+                    "torch defaults": "backward_prefetch=BACKWARD_PRE, forward_prefetch=False",
+                    "+ forward_prefetch": "backward_prefetch=BACKWARD_PRE, forward_prefetch=True"}
 
 
 def spans(events: list[dict], rank: int = 0, step: Optional[int] = None) -> list[dict]:
@@ -51,8 +60,11 @@ def spans(events: list[dict], rank: int = 0, step: Optional[int] = None) -> list
 
 
 def overlaps(rows: list[dict]) -> list[dict]:
-    """Every all-gather that was in flight while *another* unit computed: {gathered, computing, beat, ms}.
-    The root's compute span wraps the blocks' (its forward calls them), so it is left out as a computing unit."""
+    """Every all-gather issued before *another* unit's compute ended and waited on after that compute began:
+    {gathered, computing, beat, ms}, ms being how long the two spans share. On a GPU such a gather can run beside
+    that compute; on CPU ranks it had already finished when its call returned, so the spans show the order of
+    issue and use only. The root's compute span wraps the blocks' (its forward calls them), so it is left out as
+    a computing unit."""
     comms = [r for r in rows if r["beat"] in ("gather", "regather")]
     computes = [r for r in rows if r["beat"] in ("forward", "backward") and r["unit"] != "<root>"]
     out = []
@@ -73,7 +85,7 @@ def _trimmed(result: dict) -> dict:
 
 
 def prefetch_runs(rank: int, world_size: int, base: WrapRun) -> dict:
-    """The same steps without and with prefetch (forward_prefetch and BACKWARD_PRE)."""
+    """The same steps under each of PREFETCH's options."""
     return {name: _trimmed(train_wrapped(rank, world_size, base.with_(**opts))) for name, opts in PREFETCH.items()}
 
 

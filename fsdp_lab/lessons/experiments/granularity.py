@@ -4,10 +4,11 @@ The article (工程实践): bigger units mean fewer collectives but a higher pea
 wrapping here trains the same steps on the same ranks; from the trace we read the largest amount of gathered
 parameters at any event (the peak "on the table") and how many collectives one step issued. `train_wrapped` is
 also the training loop of the engineering and misconceptions experiments: it adds prefetch and
-activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. With prefetch on, a unit's
-gather is issued one unit early and waited on when the unit needs its parameters; on a GPU it runs on its own
-stream meanwhile, while on CPU ranks it has already finished when the call returns (collectives are synchronous,
-fsdp_lab/runtime/collectives.py), so there the trace shows the order, not an overlap.
+activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. Runs take torch's defaults
+(backward_prefetch=BACKWARD_PRE, forward_prefetch=False). With explicit prefetch a unit's gather is issued one
+unit early and waited on when the unit needs its parameters; on a GPU it runs on its own stream meanwhile, while
+on CPU ranks it has already finished when the call returns (collectives are synchronous,
+fsdp_lab/runtime/collectives.py), so there the trace shows the order of issue and use, not an overlap.
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
@@ -93,8 +94,8 @@ class WrapRun:
     global_batch: int = 4
     seq_len: int = 32
     lr: float = 1e-3
-    forward_prefetch: bool = False
-    backward_prefetch: Optional[str] = None
+    forward_prefetch: bool = False  # torch's defaults, as FSDP(...) gives them
+    backward_prefetch: Optional[str] = "BACKWARD_PRE"
     activation_checkpointing: bool = False
     count_saved: bool = False
 

@@ -32,6 +32,10 @@ def run_lifecycle(world_size: int = 2, strategy: str = "FULL_SHARD", steps: int 
                   step_sleep_s: float = 0.0, timeout_s: float = 120.0, **spec_fields) -> list[dict]:
     """Train `steps` steps on `world_size` ranks with tracing on; return every rank's events in one timeline.
 
+    Backward prefetch is off by default here, unlike torch's FSDP (BACKWARD_PRE): the lifecycle chapter shows
+    the article's table, one block at a time. Pass backward_prefetch="BACKWARD_PRE" for torch's default, which
+    re-gathers the next block while this one's backward runs (a second block on the table in backward).
+
     mixed_precision: None/"fp32", "bf16" or a MixedPrecision. trace_dir: also write rank{r}.jsonl there, line
     by line, so fsdp_lab.observe.follow.follow can watch the run live (step_sleep_s slows it down for a demo).
     """

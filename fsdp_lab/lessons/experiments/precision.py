@@ -48,8 +48,10 @@ def _precision_rank(rank: int, world_size: int, spec: RunSpec, dtypes: tuple) ->
 def precision_runs(world_size: int = 2, dtypes: Iterable[str] = ("fp32", "bf16"), steps: int = 2,
                    preset: Union[str, GPTConfig] = "tiny", device: str = "cpu", timeout_s: float = 120.0,
                    **spec_fields) -> list[dict]:
-    """Per rank, {dtype: {"events", "units", "losses", "step_tensor_bytes"}} of FULL_SHARD runs, no prefetch
-    (so the table holds one block at a time), every dtype in one launch."""
+    """Per rank, {dtype: {"events", "units", "losses", "step_tensor_bytes"}} of FULL_SHARD runs, every dtype in
+    one launch. Backward prefetch is turned off unless spec_fields says otherwise (torch's default is
+    BACKWARD_PRE), so the table holds one block at a time."""
+    spec_fields.setdefault("backward_prefetch", None)
     dtypes = tuple(dtypes)
     for d in dtypes:
         mixed_precision_for(d)

@@ -51,14 +51,15 @@ def _unit_layout(model: FSDP, keep_values: bool) -> list[dict]:
 
 def _layout_rank(rank: int, world_size: int, preset, wrappings: tuple, global_batch: int, seq_len: int,
                  keep_values: bool) -> dict:
-    """The per-Block layout before any training, then one traced AdamW step per wrapping (no prefetch, so the
-    table holds exactly what the wrapping puts on it)."""
+    """The per-Block layout before any training, then one traced AdamW step per wrapping, with backward prefetch
+    turned off (torch's default is BACKWARD_PRE), so the table holds exactly what the wrapping puts on it."""
     model = FSDP(build_gpt(config_for(preset)), auto_wrap_policy=ModuleWrapPolicy({Block}))
     layout = _unit_layout(model, keep_values)
     runs = {}
     for name in wrappings:
         result = train_wrapped(rank, world_size, WrapRun(wrapping=name, preset=preset, steps=1,
-                                                         global_batch=global_batch, seq_len=seq_len))
+                                                         global_batch=global_batch, seq_len=seq_len,
+                                                         backward_prefetch=None))
         runs[name] = {"summary": summarize_wrapped(result), "units": result["units"],
                       "events": [{k: e[k] for k in _EVENT_KEYS} | {"params_unsharded": e["mem"]["params_unsharded"]}
                                  for e in result["events"]]}

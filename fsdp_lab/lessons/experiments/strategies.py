@@ -80,7 +80,10 @@ def _matrix_rank(rank: int, world_size: int, spec: RunSpec, strategies: tuple, d
 def measure_strategy_matrix(world_size: int = 2, strategies: Iterable[str] = ALL_STRATEGIES,
                             dtypes: Iterable[str] = ("fp32", "bf16"), preset: Union[str, GPTConfig] = "tiny",
                             steps: int = 2, timeout_s: float = 180.0, **spec_fields) -> list[dict]:
-    """Per rank, {dtype: {strategy: summarize(...)}}, every combination in one launch."""
+    """Per rank, {dtype: {strategy: summarize(...)}}, every combination in one launch. Backward prefetch is
+    turned off unless spec_fields says otherwise (torch's default is BACKWARD_PRE, which holds a second block in
+    backward): these runs measure the article's ZeRO formulas, which count one gathered unit."""
+    spec_fields.setdefault("backward_prefetch", None)
     spec = RunSpec(preset=preset, steps=steps, **spec_fields)
     dtypes = tuple(dtypes)
     for d in dtypes:
@@ -116,8 +119,9 @@ def _prefetch_rank(rank: int, world_size: int, spec: RunSpec, settings: tuple) -
 def measure_prefetch(world_size: int = 2, dtype="fp32", preset: Union[str, GPTConfig] = "tiny",
                      strategy: str = "FULL_SHARD", settings: Iterable[str] = ("none", "prefetch"),
                      steps: int = 2, timeout_s: float = 120.0) -> list[dict]:
-    """Per rank, {"none": ..., "prefetch": ...}: summarize() of a run without prefetch and of one with
-    forward_prefetch=True and backward_prefetch=BACKWARD_PRE, plus each run's event list (names and
+    """Per rank, {"none": ..., "prefetch": ...}: summarize() of a run with prefetch turned off
+    (backward_prefetch=None, not torch's default) and of one with forward_prefetch=True and
+    backward_prefetch=BACKWARD_PRE, plus each run's event list (names and
     params_unsharded only) so a chart can show when the second unit's buffer appears.
 
     Forward prefetch needs the unit order, which the first forward records (as in torch FSDP1), so it acts

@@ -1,4 +1,5 @@
-"""Chapter 06's timelines: when each unit's all-gather was in flight and when it computed, from a trace."""
+"""Chapter 06's timelines: when each unit's all-gather was issued and waited on, and when it computed, from a
+trace. A grey bar runs from the issue to the wait: on CPU ranks the collective itself finished at the issue."""
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
@@ -9,7 +10,7 @@ TIMELINE_COLOURS = {"gather": "0.55", "regather": "0.55", "forward": "tab:blue",
 
 
 def draw_timeline(ax, rows: list, title: str) -> None:
-    """One row per unit (root last): grey bars are all-gathers in flight, coloured bars compute
+    """One row per unit (root last): grey bars run from an all-gather's issue to its wait, coloured bars compute
     (rows from fsdp_lab.lessons.experiments.engineering.spans)."""
     units = list(dict.fromkeys(r["unit"] for r in rows if r["unit"] != "<root>")) + ["<root>"]
     for r in rows:
@@ -26,20 +27,21 @@ def draw_timeline(ax, rows: list, title: str) -> None:
 
 def _legend(fig) -> None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=TIMELINE_COLOURS[b]) for b in ("gather", "forward", "backward")]
-    fig.legend(handles, ["all-gather in flight", "forward compute", "backward compute + reduce-scatter"],
+    fig.legend(handles, ["all-gather, issued → waited on", "forward compute", "backward compute + reduce-scatter"],
                loc="lower center", ncol=3, fontsize=8)
 
 
-def prefetch_timelines(runs: dict, spans) -> None:
-    """The last step of each run ({name: run with "events" and "step_times"}) as a timeline, one panel each."""
+def prefetch_timelines(runs: dict, spans, options: dict = None) -> None:
+    """The last step of each run ({name: run with "events"}) as a timeline, one panel each, titled with the run's
+    options ({name: "backward_prefetch=..."}). No step time in the titles: on CPU ranks it is noise."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.25 * len(runs)), sharex=True)
     for ax, (name, run) in zip(axes, runs.items()):
-        draw_timeline(ax, spans(run["events"]), f"{name}: step {run['events'][0]['step']}, "
-                      f"step time {run['step_times'][-1] * 1e3:.0f} ms")
+        opts = f" ({options[name]})" if options and name in options else ""
+        draw_timeline(ax, spans(run["events"]), f"{name}{opts}: step {run['events'][0]['step']}")
     for ax in axes[:-1]:
         ax.set_xlabel("")
     _legend(fig)
-    fig.suptitle("Prefetch timeline, GPT 'small' on 2 CPU ranks (measured)")
+    fig.suptitle("Order of issue and use, GPT 'small' on 2 CPU ranks (measured; CPU collectives are synchronous)")
     show(fig, rect=(0, 0.04, 1, 1))
 
 

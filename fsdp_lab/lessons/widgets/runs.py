@@ -62,8 +62,9 @@ def record_lifecycle(world_size: int = 2, strategy: str = "FULL_SHARD", steps: i
     Each rank appends its events to trace_dir/rank{r}.jsonl as they happen (a live chart can follow them); with
     no trace_dir a fresh temporary directory is used, never a shared default. `step_sleep_s` pauses after each
     step so a live chart has something to follow on a model this small. Other RunSpec fields (global_batch,
-    seq_len, forward_prefetch, backward_prefetch...) pass through; by default prefetch is off, so the table
-    holds one block at a time."""
+    seq_len, forward_prefetch, backward_prefetch...) pass through. Backward prefetch is off unless they say
+    otherwise (torch's default is BACKWARD_PRE), so the table holds one block at a time, as the article draws it."""
+    spec_fields.setdefault("backward_prefetch", None)
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of: {', '.join(PRESETS)}")
     device = resolve_device(device)
