@@ -6,7 +6,9 @@ copy-in and collective (fsdp_lab/runtime/collectives.py), copy-out (`store_grad`
 compute stream has not yet waited for (`ReduceQueue`). The gather path's counterpart is the `FreeQueue`: freed
 unsharded buffers held until their readers on the compute stream are done.
 
-[Note: three streams] On CUDA the runtime uses three streams, as torch FSDP2 does:
+[Note: three streams] On CUDA the runtime uses three streams. torch FSDP2 splits the work the same way, and adds a
+stream for the all-gather's copy-in and one for HSDP's all-reduce; it also gives its reduce-scatter stream high
+priority, where here only the gather stream has it:
     compute  the stream the forward runs on (the current stream when the root's forward starts)
     gather   high priority: copy-in (fp32 shard → bf16) and all-gather into the unit's unsharded buffer `full`
     reduce   copy-in (bf16 gradient → fp32), reduce-scatter, divide by N, accumulate into shard.grad

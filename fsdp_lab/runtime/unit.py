@@ -10,8 +10,8 @@ so that is when we reduce it and free the parameters. A unit with frozen paramet
 gradients of its inputs exist (a pass-through autograd node on its inputs), since computing those still reads
 the frozen weights. If neither signal can fire, the root's end-of-backward callback frees the unit.
 
-[Note: overlap] On CUDA every gather overlaps compute without any option: the gather stream waits for compute
-once per iteration, so the all-gather the host issues in unit i+1's pre-forward runs while the GPU still
+[Note: overlap] On CUDA forward gathers overlap compute without any option: the gather stream waits for compute
+once per iteration, so the all-gather the host issues in unit i+1's pre-forward can run while the GPU still
 computes unit i (torch's implicit forward prefetching). A gather is issued (state GATHERING) and waited for
 (state UNSHARDED) in two separate places, so that explicit prefetch can issue a gather earlier still, before this
 unit's compute is queued: forward_prefetch in pre_forward, BACKWARD_PRE (the default) when a unit's backward
