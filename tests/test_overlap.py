@@ -2,17 +2,21 @@
 stays in flight (GATHERING, not yet waited for) while the previous unit computes; BACKWARD_PRE and BACKWARD_POST
 issue the next re-gather where torch's do; the number of gathers in flight stays bounded; reduces queue until the
 compute stream waits for them, all by the end of backward; none of this changes the numbers. On fake CUDA
-streams: every wait names its stream, and the ordering rules hold."""
+streams, from the recorded event/wait graph (never from timing): the gather stream waits for compute once per
+iteration and no gather waits for the compute queued just before it (torch's implicit forward prefetching); no
+unsharded buffer is released or gathered into again before the gather stream waited for its readers' event;
+limit_all_gathers bounds the buffers held; every wait names its stream."""
 from __future__ import annotations
 
 import pytest
 import torch
 from ranks_overlap import fake_stream_run, gathering_count, prefetch_trace
 
-from fsdp_lab import BackwardPrefetch
+from fsdp_lab import BackwardPrefetch, MixedPrecision
 from fsdp_lab.training.launch import run_on_ranks
 
 PRE, POST = BackwardPrefetch.BACKWARD_PRE, BackwardPrefetch.BACKWARD_POST
+BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 def _run(forward_prefetch, backward_prefetch, limit=None):
@@ -165,12 +169,11 @@ def test_gather_stream_waits_for_compute_once_per_iteration(default_fake):
     assert waits[0] < roots[0] < ends[0] < waits[1] < roots[1] < ends[1], "at each root pre-forward, before it gathers"
 
 
-def test_no_gather_waits_for_the_compute_queued_just_before_it(default_fake):
-    """Implicit prefetching: when a gather (forward or backward re-gather) is recorded, the gather stream is
-    ordered after no compute of the unit that started computing last, so the GPU can run the two together.
-    In forward that is the gather of block i+1 against block i's compute."""
+def _gathers_checked(run):
+    """Assert that when a gather is recorded, the gather stream is ordered after no compute of the unit that
+    started computing last; return how many gathers were checked, and which blocks' forward gathers."""
     last_compute, checked, blocks_checked = None, 0, set()
-    replay = GatherStreamReplay(default_fake["log"])
+    replay = GatherStreamReplay(run["log"])
     owner = None
     for pos, entry in replay:
         if entry["kind"] == "lifecycle" and entry["event"] == "backward_end":
@@ -186,6 +189,14 @@ def test_no_gather_waits_for_the_compute_queued_just_before_it(default_fake):
             checked += 1
             if event == "forward_start" and unit.startswith("blocks."):
                 blocks_checked.add(owner)
+    return checked, blocks_checked
+
+
+def test_no_gather_waits_for_the_compute_queued_just_before_it(default_fake):
+    """Implicit prefetching: when a gather (forward or backward re-gather) is recorded, the gather stream is
+    ordered after no compute of the unit that started computing last, so the GPU can run the two together.
+    In forward that is the gather of block i+1 against block i's compute."""
+    checked, blocks_checked = _gathers_checked(default_fake)
     assert checked >= 16 and {"blocks.1", "blocks.2", "blocks.3"} <= blocks_checked, (checked, blocks_checked)
 
 
@@ -249,6 +260,18 @@ def test_limit_all_gathers_false_leaves_the_buffers_unbounded():
     peak = _replay_buffers(run)
     blocks = sum(u.startswith("blocks.") for u in run["units"])
     assert peak["forward"] == blocks > 2, (peak, blocks)
+
+
+@pytest.mark.parametrize("strategy", ["SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+def test_stream_rules_hold_for_every_strategy_in_bf16(strategy):
+    """bf16 gives every strategy a separate unsharded buffer (ZeRO-1 and NO_SHARD a working copy of their fp32
+    replica): the same gather and buffer rules hold, and the numbers are those of CPU's null streams."""
+    run = run_on_ranks(fake_stream_run, 2, strategy, {"mixed_precision": BF16}, timeout_s=150)[0]
+    assert run["losses"] == run["ref_losses"]
+    _gathers_checked(run)
+    peak = _replay_buffers(run)
+    assert peak["forward"] >= 1
+    assert run["freed_after"] and not any(run["freed_after"])
 
 
 def test_reduce_and_compute_waits_on_fake_streams(default_fake):
