@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_lab.checkpoint import files
+from fsdp_lab.checkpoint import files, trust
 from fsdp_lab.lessons.quiz.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, 
     assert latest is not None and int(latest.name.split("_")[1]) >= 1
     assert not children_of(proc.pid)
     meta = json.loads((latest / files.META_FILE).read_text())
-    assert files.verify_checksums(latest, meta) == []  # the kept checkpoint is whole
+    assert trust.verify_checksums(latest, meta) == []  # the kept checkpoint is whole
 
 
 def test_sigterm_while_a_369m_run_starts_prints_the_estimate_then_exits_143():

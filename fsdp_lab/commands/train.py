@@ -89,12 +89,18 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=count, default=0, metavar="K",
                    help="save every K steps (and after the last step); 0: only after the last step")
     g.add_argument("--resume", nargs="?", const="latest", metavar="PATH",
-                   help="continue from --checkpoint-dir's latest checkpoint (starts at 0 if there is none yet), "
-                        "or from PATH; the world size and strategy may differ from the run that saved it")
+                   help="continue from the newest complete checkpoint in --checkpoint-dir (starts at 0 if there is "
+                        "none yet), or from PATH (a step directory, or a checkpoint directory's newest); the world "
+                        "size and strategy may differ from the run that saved it. Every file is verified against "
+                        "the checksums in its manifest first")
+    g.add_argument("--allow-unverified", action="store_true",
+                   help="resume even from a checkpoint whose manifest records no checksums (written by hand or by "
+                        "an old fsdp_lab): its shards cannot be verified, so damage would load silently")
     g.add_argument("--export", metavar="PATH",
                    help="after training, write the full state dict (original names, fp32) for the plain GPT")
     g.add_argument("--keep-last", type=count, default=0, metavar="K",
-                   help="after each save keep only the newest K checkpoints (0: keep all)")
+                   help="after each save keep only the newest K checkpoints this run wrote (0: keep all); other "
+                        "folders, links and other runs' checkpoints are never removed")
     g.add_argument("--log-every", type=count, default=0, metavar="N",
                    help="print a step line every N steps (and the first and last); 0: every step, or every "
                         "10 beside the progress bar")
@@ -145,7 +151,8 @@ def _check(args, cfg, machine: bool = True) -> int | None:
     machine=False (--print-command: the command may be meant for another machine) only the flags are checked."""
     import torch
 
-    from fsdp_lab.checkpoint.files import CheckpointError, read_latest, resolve
+    from fsdp_lab.checkpoint.files import CheckpointError
+    from fsdp_lab.training.loop import check_checkpoints
 
     world = args.nproc_per_node * args.nnodes
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -171,13 +178,7 @@ def _check(args, cfg, machine: bool = True) -> int | None:
             return _usage(f"--nproc-per-node {args.nproc_per_node} but this node has {gpus} GPU(s), and NCCL "
                           f"refuses two ranks on one GPU; use at most {gpus} or add --backend gloo")
     try:
-        if cfg.resume not in (None, "latest"):
-            resolve(cfg.resume)
-        elif cfg.resume is None and cfg.checkpoint_dir and read_latest(cfg.checkpoint_dir) is not None:
-            print(f"fsdp-lab train: checkpoint error: {cfg.checkpoint_dir} already holds checkpoints (latest: "
-                  f"{read_latest(cfg.checkpoint_dir).name}); pass --resume to continue them, or choose an empty "
-                  f"--checkpoint-dir", file=sys.stderr)
-            return int(ExitCode.CHECKPOINT)
+        check_checkpoints(cfg)
     except CheckpointError as err:
         print(f"fsdp-lab train: checkpoint error: {err}", file=sys.stderr)
         return int(ExitCode.CHECKPOINT)
@@ -236,15 +237,13 @@ def _quiet_torchrun_logs() -> None:
 
 
 def _last_checkpoint(cfg) -> str:
-    from fsdp_lab.checkpoint.files import CheckpointError, read_latest
+    from fsdp_lab.checkpoint.trust import published
 
     if not cfg.checkpoint_dir:
         return "no --checkpoint-dir, nothing was saved"
-    try:
-        latest = read_latest(cfg.checkpoint_dir)
-    except CheckpointError as err:
-        return str(err)
-    return f"last complete checkpoint: {latest}" if latest else f"no checkpoint was completed in {cfg.checkpoint_dir}"
+    newest = published(cfg.checkpoint_dir)
+    return f"last complete checkpoint: {newest[0].path}" if newest else \
+        f"no checkpoint was completed in {cfg.checkpoint_dir}"
 
 
 def run(args: argparse.Namespace) -> int:
