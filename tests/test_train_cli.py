@@ -74,10 +74,20 @@ def test_cuda_without_a_gpu_is_a_usage_error(capsys):
 def test_checkpoint_problems_exit_4(capsys, tmp_path):
     code, out = cli_exit(capsys, "--resume", tmp_path / "missing")
     assert code == 4 and "does not exist" in out
-    (files.prepare_tmp(tmp_path, 3) / files.DCP_METADATA).write_bytes(b"")
-    files.publish(tmp_path, 3)
-    code, out = cli_exit(capsys, "--checkpoint-dir", tmp_path)
-    assert code == 4 and "already holds checkpoints (latest: step_00000003); pass --resume" in out
+    (tmp_path / "ck" / "step_00000003").mkdir(parents=True)
+    (tmp_path / "ck" / "step_00000003" / files.DCP_METADATA).write_bytes(b"")
+    code, out = cli_exit(capsys, "--checkpoint-dir", tmp_path / "ck", "--resume")
+    assert code == 4 and out.strip() == (f"fsdp-lab train: checkpoint error: no complete checkpoint in "
+                                         f"{tmp_path / 'ck'}: found step_00000003 (not a complete checkpoint: no "
+                                         f"fsdp_lab.json); 'latest' is missing"), out
+
+
+def test_a_run_into_a_directory_of_checkpoints_without_resume_says_what_is_there(capsys, four_rank_run):
+    tmp, (code, _out, err, _secs) = four_rank_run
+    assert code == 0, err
+    code, out = cli_exit(capsys, "--checkpoint-dir", tmp / "ck")
+    assert code == 4 and (f"{tmp / 'ck'} already holds step_00000004 (complete and verified), newer than step 0 "
+                          f"where this run starts; continue from its newest checkpoint with --resume") in out, out
 
 
 def test_print_command_is_a_torchrun_line_that_round_trips(capsys):

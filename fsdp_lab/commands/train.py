@@ -8,6 +8,7 @@ dies, torchrun stops the others within about a second; a rank that hangs makes i
 Exit codes (also in --help):
     0  ok                     2  bad flags / cannot run here     4  checkpoint could not be saved, found or loaded
     1  unexpected error (bug) 3  a rank died or hung, or a collective failed   130  Ctrl-C   143  SIGTERM
+                              128+N  another signal N, named (129: SIGHUP, a closed terminal)
 
 Ctrl-C or SIGTERM (`timeout`, a scheduler) stops every rank; checkpoints are atomic, so `latest` keeps naming
 the last complete one. torchrun's own log lines (W.../E... from torch.distributed.elastic) are silenced unless
@@ -33,8 +34,8 @@ NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
 cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
-loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each rank can also be started directly:
-torchrun ... -m fsdp_lab.commands.train <training flags>."""
+loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM); 128+N stopped by another signal N (129: SIGHUP).
+Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
 
 
 class ExitCode(enum.IntEnum):
@@ -258,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command:
         print(shlex.join([sys.executable, "-m", "torch.distributed.run", *argv]))
         return int(ExitCode.OK)
+    from fsdp_lab.training.launch import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun runs in this process and starts the ranks
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.nproc_per_node))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -278,12 +282,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"fsdp-lab train: failed (exit {int(exit_code)}): {message}", file=sys.stderr, flush=True)
         return int(exit_code)
     except (KeyboardInterrupt, SignalException) as err:
-        # torchrun turns SIGINT/SIGTERM into SignalException after sending the same signal to every rank
-        sig = getattr(err, "sigval", signal.SIGINT)
-        exit_code = ExitCode.TERMINATED if sig == signal.SIGTERM else ExitCode.INTERRUPTED
-        what = "terminated (SIGTERM)" if exit_code is ExitCode.TERMINATED else "interrupted (Ctrl-C)"
+        # torchrun turns SIGINT/SIGTERM/SIGHUP/SIGQUIT into SignalException after sending it to every rank
+        exit_code, what = exit_codes.for_signal(getattr(err, "sigval", signal.SIGINT))
         print(f"fsdp-lab train: {what}: all ranks stopped; {_last_checkpoint(cfg)}", file=sys.stderr, flush=True)
-        return int(exit_code)
+        return exit_code
     print(f"fsdp-lab train: done: {cfg.steps} steps of {cfg.preset} on {world} rank(s), {cfg.strategy}",
           file=sys.stderr)
     return int(ExitCode.OK)
@@ -313,6 +315,10 @@ def _exit(code: int, message: str | None) -> None:
 
 def worker_entry(argv: list[str]) -> int:
     """One rank: `python -m fsdp_lab.commands.train <training flags>` under torchrun (or alone: a world of one)."""
+    from fsdp_lab.training.launch import die_with_parent
+
+    if "RANK" in os.environ:  # started by a launcher: end with it ([Note: ranks die with their launcher])
+        die_with_parent()
     parser = argparse.ArgumentParser(prog="python -m fsdp_lab.commands.train", epilog=EPILOG)
     add_training_arguments(parser)
     try:
