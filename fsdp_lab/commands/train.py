@@ -27,6 +27,7 @@ import traceback
 from datetime import timedelta
 
 from fsdp_lab.commands import _exit_codes as exit_codes
+from fsdp_lab.commands import _rendezvous
 from fsdp_lab.commands._argtypes import count, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
 
@@ -120,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-backend", choices=["static", "c10d"], default="static",
                    help="static: --node-rank decides each node's ranks (default); c10d: elastic rendezvous")
     g.add_argument("--rdzv-id", default="fsdp-lab", help="job id for the c10d rendezvous (default fsdp-lab)")
+    g.add_argument("--rdzv-timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                   help="with --rdzv-endpoint: fail (exit 3) if this node's ranks have not started after this long, "
+                        "e.g. the endpoint accepts connections but never answers (default 600, torch's join timeout)")
     g.add_argument("--print-command", action="store_true",
                    help="print the equivalent torchrun command line and exit")
     add_training_arguments(parser)
@@ -165,12 +169,23 @@ def _check(args, cfg, machine: bool = True) -> int | None:
                       f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
     if not machine:
         return None
+    if args.rdzv_endpoint and args.node_rank == 0 and args.rdzv_backend == "static":
+        problem = _rendezvous.port_problem("--rdzv-endpoint", args.rdzv_endpoint)  # node 0 hosts the store there
+        if problem:
+            return _usage(problem)
     problem = first_problem(output_dir_problem("--checkpoint-dir", cfg.checkpoint_dir),
                             output_file_problem("--export", cfg.export),
                             output_file_problem("--json-log", cfg.json_log),
                             output_dir_problem("--trace", cfg.trace))
     if problem:
         return _usage(problem)
+    if cfg.device == "cpu":
+        from fsdp_lab.training.estimate import available_memory, memory_need, memory_problem
+
+        need = memory_need(cfg.preset, cfg.global_batch, world, args.nproc_per_node, cfg.strategy)
+        problem = memory_problem(need, available_memory())
+        if problem:
+            return _usage(problem)
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             return _usage("--device cuda, but torch.cuda.is_available() is False on this machine; use --device cpu")
@@ -275,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     _quiet_torchrun_logs()
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    deadline = _rendezvous.watch(args.rdzv_endpoint, args.rdzv_timeout, int(ExitCode.RANK_FAILED)) \
+        if args.rdzv_endpoint else None
     try:
         torchrun(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
@@ -286,6 +303,17 @@ def run(args: argparse.Namespace) -> int:
         exit_code, what = exit_codes.for_signal(getattr(err, "sigval", signal.SIGINT))
         print(f"fsdp-lab train: {what}: all ranks stopped; {_last_checkpoint(cfg)}", file=sys.stderr, flush=True)
         return exit_code
+    except Exception as err:  # torchrun's own failures (the rendezvous, the store) are one line, not a traceback
+        if not type(err).__module__.startswith("torch.distributed"):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        where = f" at {args.rdzv_endpoint}" if args.rdzv_endpoint else ""
+        print(f"fsdp-lab train: failed (exit {int(ExitCode.RANK_FAILED)}): torchrun could not start the ranks; the "
+              f"rendezvous{where} failed: {type(err).__name__}: {first}", file=sys.stderr, flush=True)
+        return int(ExitCode.RANK_FAILED)
+    finally:
+        if deadline is not None:
+            deadline.set()
     print(f"fsdp-lab train: done: {cfg.steps} steps of {cfg.preset} on {world} rank(s), {cfg.strategy}",
           file=sys.stderr)
     return int(ExitCode.OK)
