@@ -69,8 +69,9 @@ def watch(endpoint: str, timeout_s: float, exit_code: int, poll_s: float = 0.2) 
             if _children(pid):
                 return
             if time.monotonic() > deadline:
-                print(f"fsdp-lab train: failed (exit {exit_code}): the rendezvous at {endpoint} did not complete within "
-                      f"--rdzv-timeout {timeout_s:g} s: nothing there answered, or the other nodes never joined",
+                print(f"fsdp-lab train: failed (exit {exit_code}): the rendezvous at {endpoint} did not complete "
+                      f"within --rdzv-timeout {timeout_s:g} s: nothing there answered, or the other nodes never "
+                      f"joined",
                       file=sys.stderr, flush=True)
                 os._exit(exit_code)
 
