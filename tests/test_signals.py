@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_lab import cli
-from fsdp_lab.checkpoint import files, trust
+from fsdp_lab.checkpoint import files, ownership, trust
 from fsdp_lab.lessons.quiz.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,6 +82,8 @@ def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, 
     deadline = time.monotonic() + HARD_TIMEOUT
     try:
         read_until(proc.stdout, "saved", deadline)  # step 1 is on disk
+        with pytest.raises(files.CheckpointError, match=f"{ck} is in use by another run \\(pid "):
+            ownership.check_unlocked(ck)  # rank 0 holds the directory while the run lasts
     finally:
         returncode, _out, err = stop(proc, sig)
     assert returncode == code, err

@@ -17,9 +17,9 @@ directories (never a link, never through one) whose manifest carries this run's 
 folder, a checkpoint copied in from elsewhere and one `latest` names are never touched.
 
 [Note: run data is never an output] An output written over `latest`, a manifest or a shard breaks every later
-resume, silently. So no output may lie inside the checkpoint directory, inside the checkpoint being resumed
-from, or on a name with a meaning in the directory that holds it (`latest`, `step_N`, `.tmp-step_N`, `.lock`);
-and no two outputs may be the same file. Paths are compared after resolving links and `..`.
+resume, silently. So no output may lie inside the run's own checkpoint directory, inside the step directory
+being resumed from, or on a name with a meaning in a checkpoint directory being read (`latest`, `step_N`,
+`.tmp-step_N`, `.lock`); and no two outputs may be the same file. Paths are compared after resolving links and `..`.
 """
 from __future__ import annotations
 
@@ -146,9 +146,10 @@ def _protected(checkpoint_dir, resume) -> list[tuple[Path, str, bool]]:
     if resume:
         source = _real(resume)
         what = f"--resume {resume}, the checkpoint this run loads"
-        trees.append((source, what, True))
-        if _is_step_dir(source):  # and the bookkeeping of the directory that holds it
-            trees.append((source.parent, what, False))
+        if _is_step_dir(source):  # all of it, and the bookkeeping of the directory that holds it
+            trees += [(source, what, True), (source.parent, what, False)]
+        else:  # a checkpoint directory: its bookkeeping and step directories (other files are the user's)
+            trees.append((source, what, False))
     return trees
 
 
