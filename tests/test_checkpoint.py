@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -354,6 +355,16 @@ def test_a_checkpoint_directory_is_held_by_one_run(tmp_path):
                                timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert child.returncode == 1 and f"in use by another run (pid {os.getpid()} on" in child.stderr
     ownership.check_unlocked(ck)  # released
+    with ownership.RunLock(ck):  # a run saving there keeps a run that resumes from there out, and says why
+        with pytest.raises(CheckpointError, match="its pruning could remove the checkpoint this run loads"):
+            ownership.RunLock(ck, reading=True).acquire()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+    (ck / ownership.LOCK).write_text(f"{dead} {socket.gethostname()}\n")  # an earlier saving run, now gone
+    with ownership.RunLock(ck, reading=True), ownership.RunLock(ck, reading=True):  # readers share it
+        with pytest.raises(CheckpointError, match=r"in use by another run \(a run resuming from a checkpoint there"):
+            ownership.check_unlocked(ck)
+    assert ownership.RunLock(tmp_path / "never-saved", reading=True).acquire()  # no lock file: nothing to keep out
 
 
 def test_meta_records_layout_for_the_export(story):

@@ -37,29 +37,45 @@ LOCK = ".lock"
 
 
 class RunLock:
-    """An exclusive lock on a checkpoint directory ([Note: one run per checkpoint directory]).
-    `with RunLock(root): ...`, or acquire()/release(); acquire raises CheckpointError naming the holder."""
+    """A lock on a checkpoint directory ([Note: one run per checkpoint directory]): exclusive for the run that
+    saves there, shared (`reading=True`) for a run that resumes from a checkpoint there, so the saving run
+    cannot prune it meanwhile. `with RunLock(root): ...`, or acquire()/release(); acquire raises
+    CheckpointError naming the holder."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike, reading: bool = False):
         self.root = Path(root)
+        self.reading = reading
         self._fd: int | None = None
 
     def acquire(self) -> "RunLock":
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by child processes
+        path = self.root / LOCK
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+            if self.reading:
+                if not path.is_file():
+                    return self  # no run ever saved here: nothing to keep out
+                fd = os.open(path, os.O_RDONLY)  # not inherited by child processes
+            else:
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            if self.reading:
+                return self  # a directory we may read but not lock (another user's): read without the lock
+            raise CheckpointError(f"cannot lock {path}: {err.strerror or err}") from None
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.reading else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _holder(fd)
             os.close(fd)
-            who = f"pid {holder[0]} on {holder[1]}" if len(holder) >= 2 else "a process that did not say"
-            raise CheckpointError(f"{self.root} is in use by another run ({who}), which saves and prunes "
-                                  f"checkpoints there; wait for it to end, or use another --checkpoint-dir") from None
-        except OSError:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            if not isinstance(err, BlockingIOError):
+                raise CheckpointError(f"cannot lock {path}: {err.strerror or err}") from None
+            why = ("its pruning could remove the checkpoint this run loads; wait for it to end, or copy the "
+                   "checkpoint elsewhere" if self.reading else
+                   "which saves, prunes or loads checkpoints there; wait for it to end, or use another "
+                   "--checkpoint-dir")
+            raise CheckpointError(f"{self.root} is in use by another run ({holder}): {why}") from None
+        if not self.reading:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
         return self
 
@@ -73,6 +89,23 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock: the saving run records its pid and host; a run resuming from the directory (a shared
+    holder) records nothing, so a recorded pid that is gone means a reader."""
+    words = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
+    if len(words) < 2 or not words[0].isdigit():
+        return "a process that did not say which"
+    pid, host = int(words[0]), words[1]
+    if host == socket.gethostname():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return "a run resuming from a checkpoint there"
+        except PermissionError:
+            pass  # alive, another user's
+    return f"pid {pid} on {host}"
 
 
 def check_unlocked(root: str | os.PathLike) -> None:

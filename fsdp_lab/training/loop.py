@@ -240,8 +240,25 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
     meta = None
     if cfg.resume is not None:
         path = cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume
-        if _on_rank0(lambda: resume_from(cfg) is not None):
-            meta = checkpoint.load(model, optimizer, path, allow_unverified=cfg.allow_unverified)
+        def newest() -> str | None:
+            found = resume_from(cfg)
+            return str(found.step_dir) if found else None
+
+        def lock_source() -> None:
+            if reading is not None:
+                reading.acquire()
+
+        found = _on_rank0(newest)
+        source = Path(found).parent if found else None
+        reading = RunLock(source, reading=True) if source and dist.get_rank() == 0 \
+            and not _same_dir(source, cfg.checkpoint_dir) else None
+        if found:
+            try:  # a run saving into the source directory must not prune the checkpoint while it is read
+                _on_rank0(lock_source)
+                meta = checkpoint.load(model, optimizer, path, allow_unverified=cfg.allow_unverified)
+            finally:
+                if reading is not None:
+                    reading.release()
         else:
             say(f"no checkpoint in {path} yet: starting at step 0")
     start = int(meta["step"]) if meta else 0
@@ -256,6 +273,10 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
         say(f"resumed from step {meta['step']} (saved by {meta['world_size']} rank(s), {meta['strategy']}), now "
             f"{model.world_size} rank(s), {model.sharding_strategy.name}{note}")
     return start, meta
+
+
+def _same_dir(a: Path, b) -> bool:
+    return b is not None and os.path.realpath(a) == os.path.realpath(b)
 
 
 def _refuse(problem: str | None) -> None:
