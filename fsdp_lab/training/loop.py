@@ -240,6 +240,7 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
     meta = None
     if cfg.resume is not None:
         path = cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume
+
         def newest() -> str | None:
             found = resume_from(cfg)
             return str(found.step_dir) if found else None
