@@ -322,6 +322,8 @@ def test_an_export_over_the_checkpoints_own_files_is_refused(story, tmp_path, ou
             checkpoint.export_checkpoint(source, ck / out)
     assert {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()} == before
     assert trust.find(ck).step_dir.name == "step_00000003"
+    (tmp_path / "mine").symlink_to(ck / "step_00000002")  # a link the user names is followed; a scan skips links
+    assert trust.find(tmp_path / "mine").step_dir == ck / "step_00000002"
 
 
 def test_pruning_removes_only_this_runs_real_checkpoint_directories(story, tmp_path):

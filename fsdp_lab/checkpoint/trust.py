@@ -269,7 +269,8 @@ def find(path: str | os.PathLike, allow_unverified: bool = False, deep: bool = T
     yet; CheckpointError (one line per problem) when what is there cannot be loaded."""
     path = Path(path)
     if (path / DCP_METADATA).exists() or (path / META_FILE).exists() or step_of(path.name) is not None:
-        return Found(path, trusted(path, allow_unverified, deep))
+        named = Path(os.path.realpath(path)) if path.is_symlink() else path  # named by the user: follow it
+        return Found(named, trusted(named, allow_unverified, deep))
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}: the path does not exist")
     if not path.is_dir():
