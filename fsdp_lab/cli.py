@@ -6,6 +6,11 @@ Three endings are handled here for every subcommand, so none of them prints a tr
 Ctrl-C (SIGINT) exits 130 and SIGTERM 143, with one line each, and a stdout closed early
 (`fsdp-lab memory | head -3`) exits 141 (128 + SIGPIPE, what a shell reports for a program killed by a broken pipe)
 without a word.
+
+[Note: when the Ctrl-C promise starts] Python itself starts first (site, encodings, the import of this module),
+and a Ctrl-C then is Python's KeyboardInterrupt, with its traceback, before any code of ours runs. The promise
+of one line holds from the moment main() has installed its handler. A caller that must know when that is (a
+test, a supervisor) sets FSDP_LAB_READY_FILE=PATH: main() creates PATH right after installing the handler.
 """
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ import sys
 
 from fsdp_lab import __version__, commands
 from fsdp_lab.commands import _exit_codes as exit_codes
+
+READY_FILE_ENV = "FSDP_LAB_READY_FILE"
 
 
 class Terminated(BaseException):
@@ -71,12 +78,24 @@ def _silence_stdout() -> None:
         pass
 
 
+def _announce_ready() -> None:
+    """Create $FSDP_LAB_READY_FILE, if set ([Note: when the Ctrl-C promise starts])."""
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        try:
+            with open(path, "x", encoding="utf-8") as fh:
+                fh.write(f"{os.getpid()}\n")
+        except OSError as err:
+            print(f"warning: cannot create {READY_FILE_ENV} {path}: {err.strerror or err}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Building the parser imports the subcommands (and torch, for some). A KeyboardInterrupt raised inside an
     # import can come out as an ImportError (numpy turns it into one) or be swallowed, so a Ctrl-C pressed now
     # is only noted, and acted on once the imports are done.
     interrupted = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    _announce_ready()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

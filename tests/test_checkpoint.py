@@ -4,8 +4,11 @@ One 4-rank job tells the whole story (spawning ranks is the expensive part on a 
 on 4 ranks, break the next save half-way, then reload step 2 on sub-groups of 2, 3 and 1 ranks under other
 strategies and check the weights, AdamW's moments and the next step's loss against the 4-rank run.
 """
+import errno
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +20,7 @@ import torch.distributed as dist
 
 from fsdp_lab import FSDP, checkpoint
 from fsdp_lab.checkpoint import files as files
+from fsdp_lab.checkpoint import ownership, trust
 from fsdp_lab.checkpoint import sharded as checkpoint_layout
 from fsdp_lab.checkpoint.files import CheckpointError
 from fsdp_lab.runtime.strategy import ShardingStrategy
@@ -222,15 +226,14 @@ def test_checkpoint_module_cli_reports_and_exports(story, tmp_path):
 
 
 def test_latest_pointer_and_step_dirs(tmp_path):
-    assert files.read_latest(tmp_path) is None
+    assert files.read_latest(tmp_path) is None and trust.find(tmp_path) is None
     tmp = files.prepare_tmp(tmp_path, 5)
     with pytest.raises(CheckpointError, match="save did not complete"):
         files.publish(tmp_path, 5)
     (tmp / files.DCP_METADATA).write_bytes(b"x")
     final = files.publish(tmp_path, 5)
     assert final.name == "step_00000005" and files.read_latest(tmp_path) == final
-    assert files.resolve(tmp_path) == final and files.resolve(final) == final
-    with pytest.raises(CheckpointError, match="already exists"):
+    with pytest.raises(CheckpointError, match=r"already exists \(a complete checkpoint\)"):
         files.prepare_tmp(tmp_path, 5)
     (tmp_path / files.LATEST).write_text("step_00000009\n")
     with pytest.raises(CheckpointError, match="not a complete checkpoint"):
@@ -238,8 +241,132 @@ def test_latest_pointer_and_step_dirs(tmp_path):
     (tmp_path / files.LATEST).write_text("../../etc\n")
     with pytest.raises(CheckpointError, match="should name a step directory"):
         files.read_latest(tmp_path)
+    (tmp_path / files.LATEST).write_bytes(bytes(range(128, 256)))
+    with pytest.raises(CheckpointError, match="cannot be read as a step name"):
+        files.read_latest(tmp_path)
     with pytest.raises(CheckpointError, match="does not exist"):
-        files.resolve(tmp_path / "missing")
+        trust.find(tmp_path / "missing")
+
+
+def test_a_failed_latest_write_leaves_no_staging_file_and_the_step_is_still_found(story, tmp_path, monkeypatch):
+    """The disk fills just while `latest` is written: the step directory is already published and whole."""
+    tmp, _results = story
+    ck = Path(shutil.copytree(Path(tmp) / "ck", tmp_path / "ck"))
+    (ck / files.LATEST).write_text("step_00000002\n")
+    shutil.copytree(ck / "step_00000003", files.tmp_dir(ck, 4))
+    shutil.rmtree(ck / "step_00000003")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "replace", full_disk)
+    with pytest.raises(CheckpointError, match="step 4 is saved, complete, as .*step_00000004, but 'latest' could "
+                                              "not be updated \\(No space left on device\\)"):
+        files.publish(ck, 4)
+    monkeypatch.undo()
+    assert not (ck / "latest.tmp").exists() and (ck / files.LATEST).read_text() == "step_00000002\n"
+    found = trust.find(ck)
+    assert found.step_dir == ck / "step_00000004" and found.note == (
+        "'latest' names step_00000002; resuming from the newest complete checkpoint, step_00000004")
+
+
+def _published_copy(story, tmp_path) -> Path:
+    tmp, _results = story
+    return Path(shutil.copytree(Path(tmp) / "ck" / "step_00000002", tmp_path / "ck" / "step_00000002"))
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda m: m.update(units=None), "'units' should be list, found NoneType None"),
+    (lambda m: m.update(units={"a": 1}), "'units' should be list, found dict"),
+    (lambda m: m["units"][0].update(numel="49408"), "units[0]: 'numel' should be int, found str '49408'"),
+    (lambda m: m.update(step=True), "'step' should be int, found bool True"),
+    (lambda m: m["units"][0]["slots"][0].update(shape=[1, None]), "'shape'[1] should be int, found NoneType"),
+    (lambda m: m.update(checksums=[]), "'checksums' should be dict, found list"),
+    (lambda m: m.pop("state_dict_order"), "'state_dict_order' is missing"),
+])
+def test_a_malformed_manifest_is_one_line_naming_the_field(story, tmp_path, edit, expected):
+    step = _published_copy(story, tmp_path)
+    meta = json.loads((step / files.META_FILE).read_text())
+    edit(meta)
+    (step / files.META_FILE).write_text(json.dumps(meta))
+    verdict = trust.inspect(step)
+    assert verdict.kind is trust.Kind.MALFORMED and expected in verdict.reason, verdict
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.export_checkpoint(step, tmp_path / "out.pt")
+    assert len(str(err.value).splitlines()) == 1 and expected in str(err.value)
+    (step / files.META_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    assert trust.inspect(step).kind is trust.Kind.MALFORMED
+
+
+@pytest.mark.parametrize("edit", [lambda m: m.pop("checksums"), lambda m: m.update(checksums={}),
+                                  lambda m: m["checksums"].pop("__1_0.distcp")], ids=["absent", "empty", "partial"])
+def test_a_manifest_that_does_not_vouch_for_every_file_is_unverifiable(story, tmp_path, edit):
+    step = _published_copy(story, tmp_path)
+    meta = json.loads((step / files.META_FILE).read_text())
+    edit(meta)
+    (step / files.META_FILE).write_text(json.dumps(meta))
+    assert trust.inspect(step).kind is trust.Kind.UNVERIFIED
+    with pytest.raises(CheckpointError, match="is unverifiable: .*pass --allow-unverified"):
+        checkpoint.export_checkpoint(step, tmp_path / "out.pt")
+    assert checkpoint.export_checkpoint(step, tmp_path / "out.pt", allow_unverified=True)["step"] == 2
+
+
+@pytest.mark.parametrize("out", ["latest", "step_00000002", "step_00000002/fsdp_lab.json", ".tmp-step_00000009/x",
+                                 ".lock"])
+def test_an_export_over_the_checkpoints_own_files_is_refused(story, tmp_path, out):
+    tmp, _results = story
+    ck = Path(shutil.copytree(Path(tmp) / "ck", tmp_path / "ck"))
+    before = {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()}
+    for source in (ck, ck / "step_00000002"):
+        with pytest.raises(CheckpointError, match="inside --resume .*write it elsewhere"):
+            checkpoint.export_checkpoint(source, ck / out)
+    assert {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()} == before
+    assert trust.find(ck).step_dir.name == "step_00000003"
+    (tmp_path / "mine").symlink_to(ck / "step_00000002")  # a link the user names is followed; a scan skips links
+    assert trust.find(tmp_path / "mine").step_dir == ck / "step_00000002"
+
+
+def test_pruning_removes_only_this_runs_real_checkpoint_directories(story, tmp_path):
+    tmp, _results = story
+    ck = tmp_path / "ck"
+    for step, run in ((1, "mine"), (2, "other"), (3, "mine"), (4, "mine"), (6, "mine")):
+        target = Path(shutil.copytree(Path(tmp) / "ck" / "step_00000002", ck / files.step_dirname(step)))
+        meta = json.loads((target / files.META_FILE).read_text())
+        (target / files.META_FILE).write_text(json.dumps(dict(meta, step=step, run=run)))
+    (ck / "step_00000000").mkdir()  # the user's own folder
+    (ck / "step_00000000" / "notes.txt").write_text("mine")
+    elsewhere = Path(shutil.copytree(ck / "step_00000001", tmp_path / "elsewhere"))
+    (ck / "step_00000005").symlink_to(elsewhere)
+    files.write_latest(ck, "step_00000003")
+    chosen = ownership.prunable(ck, "mine", keep=1)
+    assert [p.name for p in chosen] == ["step_00000001", "step_00000004"]  # never `latest`, nor others' or links
+    for path in chosen:
+        ownership.remove_checkpoint(path)
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step_00000000", "step_00000002", "step_00000003",
+                                                    "step_00000005", "step_00000006"]
+    assert (elsewhere / files.META_FILE).is_file() and (ck / "step_00000000" / "notes.txt").is_file()
+
+
+def test_a_checkpoint_directory_is_held_by_one_run(tmp_path):
+    ck = tmp_path / "ck"
+    with ownership.RunLock(ck):
+        with pytest.raises(CheckpointError, match=f"{ck} is in use by another run \\(pid {os.getpid()} on "):
+            ownership.check_unlocked(ck)
+        child = subprocess.run([sys.executable, "-c", "import sys; from fsdp_lab.checkpoint import ownership; "
+                                "ownership.check_unlocked(sys.argv[1])", str(ck)], capture_output=True, text=True,
+                               timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert child.returncode == 1 and f"in use by another run (pid {os.getpid()} on" in child.stderr
+    ownership.check_unlocked(ck)  # released
+    with ownership.RunLock(ck):  # a run saving there keeps a run that resumes from there out, and says why
+        with pytest.raises(CheckpointError, match="its pruning could remove the checkpoint this run loads"):
+            ownership.RunLock(ck, reading=True).acquire()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+    (ck / ownership.LOCK).write_text(f"{dead} {socket.gethostname()}\n")  # an earlier saving run, now gone
+    with ownership.RunLock(ck, reading=True), ownership.RunLock(ck, reading=True):  # readers share it
+        with pytest.raises(CheckpointError, match=r"in use by another run \(a run resuming from a checkpoint there"):
+            ownership.check_unlocked(ck)
+    assert ownership.RunLock(tmp_path / "never-saved", reading=True).acquire()  # no lock file: nothing to keep out
 
 
 def test_meta_records_layout_for_the_export(story):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_lab.checkpoint import files
+from fsdp_lab import cli
+from fsdp_lab.checkpoint import files, ownership, trust
 from fsdp_lab.lessons.quiz.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +73,8 @@ def assert_one_line(err: str, needle: str):
 
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
-                                             (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+                                             (signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                             (signal.SIGHUP, 129, "stopped by SIGHUP (hangup)")])
 def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, sig, code, word):
     ck = tmp_path / "ck"
     proc = start("train", "--nproc-per-node", 2, "--steps", 500, "--checkpoint-dir", ck, "--checkpoint-every", 1,
@@ -80,6 +82,8 @@ def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, 
     deadline = time.monotonic() + HARD_TIMEOUT
     try:
         read_until(proc.stdout, "saved", deadline)  # step 1 is on disk
+        with pytest.raises(files.CheckpointError, match=f"{ck} is in use by another run \\(pid "):
+            ownership.check_unlocked(ck)  # rank 0 holds the directory while the run lasts
     finally:
         returncode, _out, err = stop(proc, sig)
     assert returncode == code, err
@@ -88,7 +92,7 @@ def test_train_stops_all_ranks_and_keeps_the_last_complete_checkpoint(tmp_path, 
     assert latest is not None and int(latest.name.split("_")[1]) >= 1
     assert not children_of(proc.pid)
     meta = json.loads((latest / files.META_FILE).read_text())
-    assert files.verify_checksums(latest, meta) == []  # the kept checkpoint is whole
+    assert trust.verify_checksums(latest, meta) == []  # the kept checkpoint is whole
 
 
 def test_sigterm_while_a_369m_run_starts_prints_the_estimate_then_exits_143():
@@ -123,19 +127,55 @@ def test_ctrl_c_on_commands_that_spawn_ranks_is_one_line(argv):
     assert not children_of(proc.pid)
 
 
-@pytest.mark.parametrize("delay_s", [0.05, 0.3, 1.0])
-def test_ctrl_c_while_the_command_starts_is_one_line(delay_s):
-    """Before any subcommand runs: the parser imports the subcommands (and torch for some). The signal is sent
-    once the child is running Python (a signal that lands before exec is lost with the forked parent's
-    handler), then `delay_s` later."""
-    proc = start("demo", "--steps", 200)
-    deadline = time.monotonic() + 30
-    while b"fsdp_lab" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.005)
+@pytest.mark.parametrize("delay_s", [0.0, 0.3, 1.0])
+def test_ctrl_c_while_the_command_starts_is_one_line(tmp_path, delay_s):
+    """From the moment the command says it is ready (its handler is installed: it creates FSDP_LAB_READY_FILE),
+    while the parser imports the subcommands (and torch for some). Before that Python itself is starting, and
+    its KeyboardInterrupt is no promise of ours ([Note: when the Ctrl-C promise starts] in fsdp_lab/cli.py)."""
+    ready = tmp_path / "ready"
+    proc = start("demo", "--steps", 200, env={cli.READY_FILE_ENV: str(ready)})
+    deadline = time.monotonic() + HARD_TIMEOUT
+    while not ready.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            stop(proc, signal.SIGKILL)
+            raise AssertionError("the command never said it was ready")
+        time.sleep(0.01)
+    assert ready.read_text().strip() == str(proc.pid)
     time.sleep(delay_s)
     returncode, _out, err = stop(proc, signal.SIGINT)
     assert returncode == 130, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "interrupted (Ctrl-C)" in err, err
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_ranks_with_it(tmp_path):
+    """kill -9 runs no cleanup in the launcher; the ranks must still end, not train on as orphans."""
+    ck = tmp_path / "ck"
+    proc = start("train", "--nproc-per-node", 2, "--steps", 5000, "--checkpoint-dir", ck, "--checkpoint-every", 1,
+                 "--no-progress", "--timeout", 60)
+    deadline = time.monotonic() + HARD_TIMEOUT
+    try:
+        read_until(proc.stdout, "saved", deadline)
+        ranks = children_of(proc.pid)
+        assert len(ranks) == 2, ranks
+    finally:
+        proc.kill()  # the launcher only, as `kill -9 PID` does
+        proc.wait(timeout=HARD_TIMEOUT)
+    alive = ranks
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in ranks if running(pid)]
+        time.sleep(0.1)
+    for pid in alive:  # clean up before failing
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"ranks {alive} outlived their launcher"
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie waiting for a reaper."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def test_ctrl_c_in_quiz_saves_the_answers_and_the_next_run_resumes(tmp_path):

@@ -74,10 +74,20 @@ def test_cuda_without_a_gpu_is_a_usage_error(capsys):
 def test_checkpoint_problems_exit_4(capsys, tmp_path):
     code, out = cli_exit(capsys, "--resume", tmp_path / "missing")
     assert code == 4 and "does not exist" in out
-    (files.prepare_tmp(tmp_path, 3) / files.DCP_METADATA).write_bytes(b"")
-    files.publish(tmp_path, 3)
-    code, out = cli_exit(capsys, "--checkpoint-dir", tmp_path)
-    assert code == 4 and "already holds checkpoints (latest: step_00000003); pass --resume" in out
+    (tmp_path / "ck" / "step_00000003").mkdir(parents=True)
+    (tmp_path / "ck" / "step_00000003" / files.DCP_METADATA).write_bytes(b"")
+    code, out = cli_exit(capsys, "--checkpoint-dir", tmp_path / "ck", "--resume")
+    assert code == 4 and out.strip() == (f"fsdp-lab train: checkpoint error: no complete checkpoint in "
+                                         f"{tmp_path / 'ck'}: found step_00000003 (not a complete checkpoint: no "
+                                         f"fsdp_lab.json); 'latest' is missing"), out
+
+
+def test_a_run_into_a_directory_of_checkpoints_without_resume_says_what_is_there(capsys, four_rank_run):
+    tmp, (code, _out, err, _secs) = four_rank_run
+    assert code == 0, err
+    code, out = cli_exit(capsys, "--checkpoint-dir", tmp / "ck")
+    assert code == 4 and (f"{tmp / 'ck'} already holds step_00000004 (complete and verified), newer than step 0 "
+                          f"where this run starts; continue from its newest checkpoint with --resume") in out, out
 
 
 def test_print_command_is_a_torchrun_line_that_round_trips(capsys):
@@ -220,3 +230,62 @@ def test_bf16_trains_close_to_fp32(options):
     bf16, base = options[0]["bf16"], options[0]["base"]
     assert bf16 != base and bf16 == pytest.approx(base, rel=2e-2)
     assert bf16[-1] < bf16[0]
+
+
+@pytest.fixture
+def silent_listener():
+    """A port that accepts connections and never answers: another program, or a head node that hung."""
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        yield f"127.0.0.1:{server.getsockname()[1]}"
+
+
+def test_a_rendezvous_port_in_use_is_one_line_before_any_rank_starts(silent_listener):
+    code, out, err, _secs = fsdp_lab_train("--steps", 1, "--rdzv-endpoint", silent_listener)
+    assert code == 2 and "Traceback" not in err, err
+    assert err.strip() == (f"fsdp-lab train: error: --rdzv-endpoint {silent_listener}: port "
+                           f"{silent_listener.rsplit(':', 1)[1]} is already in use on this machine (another job, or "
+                           f"an earlier run still ending); pick a free port"), err
+
+
+def test_a_c10d_rendezvous_against_a_silent_listener_ends_at_its_deadline(silent_listener):
+    code, out, err, secs = fsdp_lab_train("--steps", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint", silent_listener,
+                                          "--rdzv-timeout", 5, timeout=120)
+    assert code == 3 and "Traceback" not in err, err
+    assert err.strip() == (f"fsdp-lab train: failed (exit 3): the rendezvous at {silent_listener} did not complete "
+                           f"within --rdzv-timeout 5 s: nothing there answered, or the other nodes never joined"), err
+    assert "step " not in out
+
+
+def test_a_c10d_rendezvous_that_answers_trains(tmp_path):
+    from fsdp_lab.training.launch import free_port
+
+    code, out, err, _secs = fsdp_lab_train("--steps", 1, "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                           f"127.0.0.1:{free_port()}", "--rdzv-timeout", 120, "--no-progress")
+    assert code == 0, err
+    assert "step     1/1" in out
+
+
+def test_a_preset_too_big_for_this_machines_memory_is_refused_with_both_numbers(tmp_path):
+    from fsdp_lab.training.estimate import available_memory, memory_need, memory_problem
+
+    need = memory_need("1.3b", 8, 1, 1, "FULL_SHARD")
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemAvailable:    8388608 kB\n")
+    assert available_memory(str(meminfo)) == 8 * 2 ** 30
+    assert memory_problem(need, 8 * 2 ** 30) == (
+        f"this run needs at least {need.total / 2**30:,.1f} GiB of memory (1 rank(s) x {need.per_rank / 2**30:,.1f} "
+        f"GiB: {need.state / 2**30:,.1f} GiB of model and optimizer state, {need.logits / 2**30:,.1f} GiB of "
+        f"logits), but only 8.0 GiB is available (MemAvailable); use a smaller --preset or --global-batch, more "
+        f"nodes, or FULL_SHARD")
+    assert need.state >= 16 * 1.3e9  # 16 bytes per parameter, one rank holding all of them
+    assert memory_problem(need, need.total) is None and memory_problem(need, None) is None
+    if need.total <= available_memory():
+        pytest.skip(f"this machine has {available_memory() / 2**30:.0f} GiB available: 1.3b fits")
+    code, out, err, secs = fsdp_lab_train("--preset", "1.3b", "--steps", 1)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"needs at least {need.total / 2**30:,.1f} GiB of memory" in err and "GiB is available" in err
+    assert "fsdp-lab train: GPT" not in out  # refused before the banner, before any rank

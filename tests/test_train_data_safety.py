@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import pty
+import shutil
 import struct
 import subprocess
 import sys
@@ -57,8 +58,6 @@ def saved(tmp_path_factory):
 
 
 def copy_of(ck: Path, tmp_path: Path) -> Path:
-    import shutil
-
     return Path(shutil.copytree(ck, tmp_path / "ck"))
 
 
@@ -99,19 +98,119 @@ def test_truncated_shards_give_one_line_each_naming_the_file(saved, tmp_path):
     assert len(err.strip().splitlines()) <= 5, err  # the problems, the advice and the summary: no loader dump
 
 
-def test_a_truncated_shard_of_an_old_checkpoint_without_checksums_is_still_short(saved, tmp_path):
+def test_a_checkpoint_without_checksums_is_refused_unless_allowed(saved, tmp_path):
     ck = copy_of(saved, tmp_path)
     step = ck / "step_00000002"
     meta_path = step / files.META_FILE
     meta = json.loads(meta_path.read_text())
-    del meta["checksums"]  # as written before checksums existed
+    del meta["checksums"]  # as written before checksums existed, or edited to switch verification off
     meta_path.write_text(json.dumps(meta))
     os.truncate(step / "__1_0.distcp", 1000)
-    code, _out, err, _ = train("--nproc-per-node", 2, "--steps", 3, "--resume", step, "--checkpoint-dir",
-                               tmp_path / "new", "--timeout", 60)
+    code, out, err, _ = train("--nproc-per-node", 2, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                              "--timeout", 60)
     assert code == 4, err
     no_traceback(err)
+    assert err.strip() == (f"fsdp-lab train: checkpoint error: {step} is unverifiable: fsdp_lab.json records no "
+                           f"checksums, so a damaged shard could not be told from a good one. Refusing it; pass "
+                           f"--allow-unverified to load it anyway"), err
+    assert "step " not in out
+    code, _out, err, _ = train("--nproc-per-node", 2, "--steps", 3, "--resume", step, "--allow-unverified",
+                               "--checkpoint-dir", tmp_path / "new", "--timeout", 60)
+    assert code == 4, err  # asked for: loaded, and the truncated shard still fails the load in one line
+    no_traceback(err)
     assert f"loading {step} failed: rank" in err and len(err.strip().splitlines()) <= 3, err
+
+
+def _latest_missing(ck):
+    (ck / files.LATEST).unlink()
+
+
+def _latest_binary(ck):
+    (ck / files.LATEST).write_bytes(bytes(range(128, 256)))
+
+
+def _latest_behind(ck):
+    """The disk filled while `latest` was rewritten: it still names step 1, beside a torn staging file."""
+    (ck / files.LATEST).write_text("step_00000001\n")
+    (ck / "latest.tmp").write_bytes(b"step_000")
+
+
+@pytest.mark.parametrize("damage, note", [
+    (_latest_missing, "'latest' is missing"),
+    (_latest_binary, "latest cannot be read as a step name (UnicodeDecodeError)"),
+    (_latest_behind, "'latest' names step_00000001"),
+], ids=["missing", "binary", "behind"])
+def test_resume_takes_the_newest_complete_checkpoint_whatever_latest_says(saved, tmp_path, damage, note):
+    ck = copy_of(saved, tmp_path)
+    damage(ck)
+    code, out, err, _ = train("--nproc-per-node", 1, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                              "--timeout", 60)
+    assert code == 0, err
+    no_traceback(err)
+    assert f"{note}; resuming from the newest complete checkpoint, step_00000002)" in out, out
+    assert "resumed from step 2 (saved by 2 rank(s)" in out and "step     1/3" not in out
+    assert files.read_latest(ck).name == "step_00000003" and not (ck / "latest.tmp").exists()
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda ck: (ck / files.LATEST).unlink() or (ck / files.LATEST).mkdir(), "latest is a directory, not the file"),
+    (lambda ck: shutil.rmtree(ck / "step_00000001") or None, None),
+], ids=["latest-a-directory", "resume-an-older-step"])
+def test_what_would_collide_with_the_saves_is_named_before_training(saved, tmp_path, make, expected):
+    ck = copy_of(saved, tmp_path)
+    make(ck)
+    resume = ["--resume"] if expected else ["--resume", saved / "step_00000001"]
+    code, out, err, _ = train("--nproc-per-node", 1, "--steps", 3, "--checkpoint-dir", ck, *resume, "--timeout", 60)
+    assert code == 4, err
+    no_traceback(err)
+    assert len(err.strip().splitlines()) == 1 and "step " not in out, (out, err)
+    expected = expected or (f"{ck} already holds step_00000002 (complete and verified), newer than step 1 where "
+                            f"this run starts; continue from its newest checkpoint with --resume (no PATH)")
+    assert expected in err, err
+
+
+def test_a_malformed_manifest_is_one_line(saved, tmp_path):
+    ck = copy_of(saved, tmp_path)
+    meta_path = ck / "step_00000002" / files.META_FILE
+    meta_path.write_text(json.dumps(dict(json.loads(meta_path.read_text()), units=None)))
+    code, out, err, _ = train("--nproc-per-node", 1, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                              "--timeout", 60)
+    assert code == 4 and "step " not in out, err
+    no_traceback(err)
+    assert err.strip() == (f"fsdp-lab train: checkpoint error: {meta_path.parent} cannot be loaded: malformed "
+                           f"manifest {meta_path}: 'units' should be list, found NoneType None"), err
+
+
+@pytest.mark.parametrize("flag, target", [
+    ("--export", "latest"), ("--export", "step_00000002"), ("--export", "step_00000002/fsdp_lab.json"),
+    ("--export", "gpt.pt"), ("--json-log", "step_00000001/__0_0.distcp"), ("--trace", "."),
+])
+def test_outputs_that_are_the_runs_own_data_are_refused(capsys, saved, tmp_path, flag, target):
+    ck = copy_of(saved, tmp_path)
+    before = {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()}
+    code = cli.main(["train", "--steps", "3", "--checkpoint-dir", str(ck), "--resume", flag, str(ck / target)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{flag} {ck / target}: inside --checkpoint-dir {ck}, the run's own checkpoints" in err
+    assert {p: p.read_bytes() for p in ck.rglob("*") if p.is_file()} == before
+
+
+def test_two_outputs_on_one_file_are_refused(capsys, tmp_path):
+    code = cli.main(["train", "--export", str(tmp_path / "x"), "--json-log", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--json-log {tmp_path / 'x'}: the same file as --export" in err, err
+
+
+def test_a_checkpoint_directory_in_use_by_another_run_is_refused(saved, tmp_path):
+    from fsdp_lab.checkpoint.ownership import RunLock
+
+    ck = copy_of(saved, tmp_path)
+    with RunLock(ck):
+        code, out, err, secs = train("--nproc-per-node", 1, "--steps", 3, "--checkpoint-dir", ck, "--resume",
+                                     "--keep-last", 1, "--timeout", 60)
+    assert code == 4 and "step " not in out, err
+    assert f"checkpoint error: {ck} is in use by another run (pid {os.getpid()} on " in err
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step")) == ["step_00000001", "step_00000002"]
 
 
 def test_a_non_finite_state_is_never_saved_nor_made_latest(tmp_path):
@@ -122,17 +221,24 @@ def test_a_non_finite_state_is_never_saved_nor_made_latest(tmp_path):
     no_traceback(err)
     assert "loss nan" in out
     assert ("checkpoint error: step 2 not saved: model/blocks.0/params holds NaN or inf on rank 0 (2 rank(s) "
-            "affected); 'latest' still names step_00000001") in err
+            "affected); the newest checkpoint is still step_00000001") in err
     assert files.read_latest(ck).name == "step_00000001" and not (ck / "step_00000002").exists()
 
 
-def test_keep_last_keeps_the_newest_checkpoints(tmp_path):
+def test_keep_last_removes_only_the_runs_own_checkpoints(tmp_path):
     ck = tmp_path / "ck"
-    code, out, err, _ = train("--nproc-per-node", 1, "--steps", 4, "--checkpoint-dir", ck, "--checkpoint-every", 1,
+    (ck / "step_00000001").mkdir(parents=True)  # the user's own folder, with a checkpoint's name
+    (ck / "step_00000001" / "notes.txt").write_text("mine")
+    (tmp_path / "kept").mkdir()
+    (ck / "step_00000003").symlink_to(tmp_path / "kept")
+    code, out, err, _ = train("--nproc-per-node", 1, "--steps", 6, "--checkpoint-dir", ck, "--checkpoint-every", 2,
                               "--keep-last", 2, "--timeout", 60)
     assert code == 0, err
-    assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == ["step_00000003", "step_00000004"]
-    assert "removed step_00000001 (--keep-last 2)" in out and files.read_latest(ck).name == "step_00000004"
+    no_traceback(err)
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step")) == [
+        "step_00000001", "step_00000003", "step_00000004", "step_00000006"]
+    assert "removed step_00000002 (--keep-last 2)" in out and files.read_latest(ck).name == "step_00000006"
+    assert (ck / "step_00000001" / "notes.txt").read_text() == "mine" and (tmp_path / "kept").is_dir()
 
 
 @pytest.mark.parametrize("flag, make, expected", [

@@ -38,8 +38,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from fsdp_lab.checkpoint import files
-from fsdp_lab.checkpoint.files import FORMAT, CheckpointError, read_meta
+from fsdp_lab.checkpoint import files, trust
+from fsdp_lab.checkpoint.files import FORMAT, CheckpointError
+from fsdp_lab.checkpoint.ownership import output_problem
 from fsdp_lab.runtime.api import FSDP
 from fsdp_lab.runtime.state_dict import FullStateDictConfig, StateDictType
 from fsdp_lab.runtime.strategy import ShardingStrategy
@@ -223,17 +224,18 @@ def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
     dist.all_gather_object(found, bad, group=ctx.pg)
     named = [(rank, key) for rank, key in enumerate(found) if key]
     if named:
-        latest = files.read_latest(directory) if Path(directory).is_dir() else None
+        newest = trust.published(directory)
         rank, key = named[0]
         raise CheckpointError(f"step {step} not saved: {key} holds NaN or inf on rank {rank} "
-                              f"({len(named)} rank(s) affected); '{files.LATEST}' still names "
-                              f"{latest.name if latest else 'nothing'}", every_rank=True)
+                              f"({len(named)} rank(s) affected); the newest checkpoint is still "
+                              f"{newest[0].path.name if newest else 'none'}", every_rank=True)
 
 
 def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optional[dict] = None,
-         writer_factory: Optional[Callable] = None) -> Path:
+         writer_factory: Optional[Callable] = None, run: Optional[str] = None) -> Path:
     """Save model (and optimizer) state as `directory/step_N` on every rank; return the published path.
-    `writer_factory(path)` may supply the DCP StorageWriter (the tests use it to break a save half-way)."""
+    `writer_factory(path)` may supply the DCP StorageWriter (the tests use it to break a save half-way).
+    `run`: the id of the run saving, recorded in the manifest (what --keep-last prunes; see ownership.py)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: `except Exception` misses it
 
@@ -271,10 +273,10 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
             "model_config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else None,
             "state_dict_order": [name for name, *_ in state_dict_order(model)],
             "buffers": [name for name, _ in persistent_buffers(model)], "optimizer": optim_meta,
-            "extra": extra or {}}
+            "extra": extra or {}, "run": run}
 
     def finish():
-        meta["checksums"] = files.file_checksums(tmp)
+        meta["checksums"] = trust.file_checksums(tmp)
         (tmp / files.META_FILE).write_text(json.dumps(meta, indent=1, default=str), encoding="utf-8")
         return str(files.publish(directory, step))
 
@@ -293,17 +295,24 @@ def _check_layout(meta: dict, model, where) -> None:
                           f"differ: {sizes[:4]}. Use the same preset and wrap policy as the run that saved it.")
 
 
-def load(model, optimizer, path: str | os.PathLike) -> dict:
-    """Load `path` (a checkpoint directory, via its `latest`, or one step directory) into model and optimizer,
-    whatever world size and strategy saved it. Returns the checkpoint's metadata (meta["step"] is the step)."""
+def load(model, optimizer, path: str | os.PathLike, allow_unverified: bool = False) -> dict:
+    """Load `path` (a checkpoint directory: its newest checkpoint; or one step directory) into model and
+    optimizer, whatever world size and strategy saved it, once rank 0 has verified every file (trust.py).
+    Returns the checkpoint's metadata (meta["step"] is the step; meta["note"] what resume should say)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     model._reshard_all("summon")  # nothing gathered may outlive the load with stale values
     ctx, mesh = model._ctx, mesh_of(model)
-    step_dir = Path(_on_rank0(lambda: str(files.resolve(path)), model))
-    meta = read_meta(step_dir)
-    _on_rank0(lambda: files.check_files(step_dir, meta), model)
+    def find():
+        found = trust.find(path, allow_unverified)
+        if found is None:
+            raise CheckpointError(f"no checkpoint in {path} yet")
+        return str(found.step_dir), found.note
+
+    where, note = _on_rank0(find, model)
+    step_dir = Path(where)
+    meta = dict(trust.read_meta(step_dir), note=note)
     _check_layout(meta, model, step_dir)
     reader = dcp.FileSystemReader(str(step_dir))
     saved = reader.read_metadata().state_dict_metadata
@@ -370,14 +379,19 @@ def full_state_dict(model) -> dict:
         return dict(model.state_dict())
 
 
-def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike) -> dict:
+def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, allow_unverified: bool = False) -> dict:
     """Write a checkpoint's model as a plain `torch.save` state dict (original names, fp32). One process, no
-    process flat, any world size saved it. Returns the checkpoint's metadata."""
+    process flat, any world size saved it. `out` may not be any of the checkpoint's own files (ownership.py).
+    Returns the checkpoint's metadata."""
     import torch.distributed.checkpoint as dcp
 
-    step_dir = files.resolve(path)
-    meta = files.read_meta(step_dir)
-    files.check_files(step_dir, meta)
+    problem = output_problem({"out": out}, resume=str(path))
+    if problem:
+        raise CheckpointError(problem)
+    found = trust.find(path, allow_unverified)
+    if found is None:
+        raise CheckpointError(f"no checkpoint in {path} yet")
+    step_dir, meta = found.step_dir, found.meta
     flats = {f"model/{u['key']}": torch.empty(u["numel"]) for u in meta["units"]}
     state = dict(flats)
     buffers = {}

@@ -8,6 +8,7 @@ dies, torchrun stops the others within about a second; a rank that hangs makes i
 Exit codes (also in --help):
     0  ok                     2  bad flags / cannot run here     4  checkpoint could not be saved, found or loaded
     1  unexpected error (bug) 3  a rank died or hung, or a collective failed   130  Ctrl-C   143  SIGTERM
+                              128+N  another signal N, named (129: SIGHUP, a closed terminal)
 
 Ctrl-C or SIGTERM (`timeout`, a scheduler) stops every rank; checkpoints are atomic, so `latest` keeps naming
 the last complete one. torchrun's own log lines (W.../E... from torch.distributed.elastic) are silenced unless
@@ -26,6 +27,7 @@ import traceback
 from datetime import timedelta
 
 from fsdp_lab.commands import _exit_codes as exit_codes
+from fsdp_lab.commands import _rendezvous
 from fsdp_lab.commands._argtypes import count, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
 
@@ -33,8 +35,8 @@ NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
 EPILOG = """exit codes: 0 ok; 1 unexpected error (a bug, traceback printed); 2 bad flags or a configuration that
 cannot run here; 3 a rank died, or a collective failed or timed out; 4 a checkpoint could not be saved, found or
-loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM). Each rank can also be started directly:
-torchrun ... -m fsdp_lab.commands.train <training flags>."""
+loaded; 130 interrupted (Ctrl-C); 143 terminated (SIGTERM); 128+N stopped by another signal N (129: SIGHUP).
+Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train <training flags>."""
 
 
 class ExitCode(enum.IntEnum):
@@ -89,12 +91,18 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=count, default=0, metavar="K",
                    help="save every K steps (and after the last step); 0: only after the last step")
     g.add_argument("--resume", nargs="?", const="latest", metavar="PATH",
-                   help="continue from --checkpoint-dir's latest checkpoint (starts at 0 if there is none yet), "
-                        "or from PATH; the world size and strategy may differ from the run that saved it")
+                   help="continue from the newest complete checkpoint in --checkpoint-dir (starts at 0 if there is "
+                        "none yet), or from PATH (a step directory, or a checkpoint directory's newest); the world "
+                        "size and strategy may differ from the run that saved it. Every file is verified against "
+                        "the checksums in its manifest first")
+    g.add_argument("--allow-unverified", action="store_true",
+                   help="resume even from a checkpoint whose manifest records no checksums (written by hand or by "
+                        "an old fsdp_lab): its shards cannot be verified, so damage would load silently")
     g.add_argument("--export", metavar="PATH",
                    help="after training, write the full state dict (original names, fp32) for the plain GPT")
     g.add_argument("--keep-last", type=count, default=0, metavar="K",
-                   help="after each save keep only the newest K checkpoints (0: keep all)")
+                   help="after each save keep only the newest K checkpoints this run wrote (0: keep all); other "
+                        "folders, links and other runs' checkpoints are never removed")
     g.add_argument("--log-every", type=count, default=0, metavar="N",
                    help="print a step line every N steps (and the first and last); 0: every step, or every "
                         "10 beside the progress bar")
@@ -113,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--rdzv-backend", choices=["static", "c10d"], default="static",
                    help="static: --node-rank decides each node's ranks (default); c10d: elastic rendezvous")
     g.add_argument("--rdzv-id", default="fsdp-lab", help="job id for the c10d rendezvous (default fsdp-lab)")
+    g.add_argument("--rdzv-timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                   help="with --rdzv-endpoint: fail (exit 3) if this node's ranks have not started after this long, "
+                        "e.g. the endpoint accepts connections but never answers (default 600, torch's join timeout)")
     g.add_argument("--print-command", action="store_true",
                    help="print the equivalent torchrun command line and exit")
     add_training_arguments(parser)
@@ -145,7 +156,8 @@ def _check(args, cfg, machine: bool = True) -> int | None:
     machine=False (--print-command: the command may be meant for another machine) only the flags are checked."""
     import torch
 
-    from fsdp_lab.checkpoint.files import CheckpointError, read_latest, resolve
+    from fsdp_lab.checkpoint.files import CheckpointError
+    from fsdp_lab.training.loop import check_checkpoints
 
     world = args.nproc_per_node * args.nnodes
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -157,12 +169,23 @@ def _check(args, cfg, machine: bool = True) -> int | None:
                       f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
     if not machine:
         return None
+    if args.rdzv_endpoint and args.node_rank == 0 and args.rdzv_backend == "static":
+        problem = _rendezvous.port_problem("--rdzv-endpoint", args.rdzv_endpoint)  # node 0 hosts the store there
+        if problem:
+            return _usage(problem)
     problem = first_problem(output_dir_problem("--checkpoint-dir", cfg.checkpoint_dir),
                             output_file_problem("--export", cfg.export),
                             output_file_problem("--json-log", cfg.json_log),
                             output_dir_problem("--trace", cfg.trace))
     if problem:
         return _usage(problem)
+    if cfg.device == "cpu":
+        from fsdp_lab.training.estimate import available_memory, memory_need, memory_problem
+
+        need = memory_need(cfg.preset, cfg.global_batch, world, args.nproc_per_node, cfg.strategy)
+        problem = memory_problem(need, available_memory())
+        if problem:
+            return _usage(problem)
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             return _usage("--device cuda, but torch.cuda.is_available() is False on this machine; use --device cpu")
@@ -171,13 +194,7 @@ def _check(args, cfg, machine: bool = True) -> int | None:
             return _usage(f"--nproc-per-node {args.nproc_per_node} but this node has {gpus} GPU(s), and NCCL "
                           f"refuses two ranks on one GPU; use at most {gpus} or add --backend gloo")
     try:
-        if cfg.resume not in (None, "latest"):
-            resolve(cfg.resume)
-        elif cfg.resume is None and cfg.checkpoint_dir and read_latest(cfg.checkpoint_dir) is not None:
-            print(f"fsdp-lab train: checkpoint error: {cfg.checkpoint_dir} already holds checkpoints (latest: "
-                  f"{read_latest(cfg.checkpoint_dir).name}); pass --resume to continue them, or choose an empty "
-                  f"--checkpoint-dir", file=sys.stderr)
-            return int(ExitCode.CHECKPOINT)
+        check_checkpoints(cfg)
     except CheckpointError as err:
         print(f"fsdp-lab train: checkpoint error: {err}", file=sys.stderr)
         return int(ExitCode.CHECKPOINT)
@@ -236,15 +253,13 @@ def _quiet_torchrun_logs() -> None:
 
 
 def _last_checkpoint(cfg) -> str:
-    from fsdp_lab.checkpoint.files import CheckpointError, read_latest
+    from fsdp_lab.checkpoint.trust import published
 
     if not cfg.checkpoint_dir:
         return "no --checkpoint-dir, nothing was saved"
-    try:
-        latest = read_latest(cfg.checkpoint_dir)
-    except CheckpointError as err:
-        return str(err)
-    return f"last complete checkpoint: {latest}" if latest else f"no checkpoint was completed in {cfg.checkpoint_dir}"
+    newest = published(cfg.checkpoint_dir)
+    return f"last complete checkpoint: {newest[0].path}" if newest else \
+        f"no checkpoint was completed in {cfg.checkpoint_dir}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -259,6 +274,9 @@ def run(args: argparse.Namespace) -> int:
     if args.print_command:
         print(shlex.join([sys.executable, "-m", "torch.distributed.run", *argv]))
         return int(ExitCode.OK)
+    from fsdp_lab.training.launch import LAUNCHER_PID_ENV
+
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # torchrun runs in this process and starts the ranks
     if "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.nproc_per_node))
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -272,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
     _quiet_torchrun_logs()
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    deadline = _rendezvous.watch(args.rdzv_endpoint, args.rdzv_timeout, int(ExitCode.RANK_FAILED)) \
+        if args.rdzv_endpoint else None
     try:
         torchrun(get_args_parser().parse_args(argv))
     except ChildFailedError as err:
@@ -279,12 +299,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"fsdp-lab train: failed (exit {int(exit_code)}): {message}", file=sys.stderr, flush=True)
         return int(exit_code)
     except (KeyboardInterrupt, SignalException) as err:
-        # torchrun turns SIGINT/SIGTERM into SignalException after sending the same signal to every rank
-        sig = getattr(err, "sigval", signal.SIGINT)
-        exit_code = ExitCode.TERMINATED if sig == signal.SIGTERM else ExitCode.INTERRUPTED
-        what = "terminated (SIGTERM)" if exit_code is ExitCode.TERMINATED else "interrupted (Ctrl-C)"
+        # torchrun turns SIGINT/SIGTERM/SIGHUP/SIGQUIT into SignalException after sending it to every rank
+        exit_code, what = exit_codes.for_signal(getattr(err, "sigval", signal.SIGINT))
         print(f"fsdp-lab train: {what}: all ranks stopped; {_last_checkpoint(cfg)}", file=sys.stderr, flush=True)
-        return int(exit_code)
+        return exit_code
+    except Exception as err:  # torchrun's own failures (the rendezvous, the store) are one line, not a traceback
+        if not type(err).__module__.startswith("torch.distributed"):
+            raise
+        first = (str(err).strip().splitlines() or [""])[0]
+        where = f" at {args.rdzv_endpoint}" if args.rdzv_endpoint else ""
+        print(f"fsdp-lab train: failed (exit {int(ExitCode.RANK_FAILED)}): torchrun could not start the ranks; the "
+              f"rendezvous{where} failed: {type(err).__name__}: {first}", file=sys.stderr, flush=True)
+        return int(ExitCode.RANK_FAILED)
+    finally:
+        if deadline is not None:
+            deadline.set()
     print(f"fsdp-lab train: done: {cfg.steps} steps of {cfg.preset} on {world} rank(s), {cfg.strategy}",
           file=sys.stderr)
     return int(ExitCode.OK)
@@ -314,6 +343,10 @@ def _exit(code: int, message: str | None) -> None:
 
 def worker_entry(argv: list[str]) -> int:
     """One rank: `python -m fsdp_lab.commands.train <training flags>` under torchrun (or alone: a world of one)."""
+    from fsdp_lab.training.launch import die_with_parent
+
+    if "RANK" in os.environ:  # started by a launcher: end with it ([Note: ranks die with their launcher])
+        die_with_parent()
     parser = argparse.ArgumentParser(prog="python -m fsdp_lab.commands.train", epilog=EPILOG)
     add_training_arguments(parser)
     try:

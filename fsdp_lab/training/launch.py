@@ -3,25 +3,55 @@
 Ranks are spawned (not forked), so the function must be importable by module path: define it in a package
 module, not in a notebook cell. A rank that raises, dies or hangs fails the whole run within `timeout_s` with its
 traceback or exit code in the message, and every other rank is killed: nothing is left running.
+
+[Note: ranks die with their launcher] A launcher killed with SIGKILL runs no cleanup, and torchrun starts each
+rank in a session of its own, so nothing would stop the ranks: they would train on as orphans, still writing
+checkpoints. So each rank asks the kernel, first thing, for SIGKILL when its parent dies
+(prctl(PR_SET_PDEATHSIG), Linux). The parent may already have died before that call, so the rank then checks
+that its parent is still the launcher whose pid it was handed (FSDP_LAB_LAUNCHER_PID) and exits at once if not.
+The kernel sends the signal when the parent *thread* that started the rank ends: both torchrun and
+run_on_ranks start ranks from the thread that then waits for them.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
 from datetime import timedelta
 
-import torch.multiprocessing as mp
+LAUNCHER_PID_ENV = "FSDP_LAB_LAUNCHER_PID"
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+ORPHAN_EXIT = 129      # what a rank exits with when it finds its launcher gone (128 + SIGHUP, as a lost terminal)
 
 
 class RankFailed(RuntimeError):
     pass
+
+
+def die_with_parent(launcher_pid: int | None = None) -> bool:
+    """Have the kernel SIGKILL this process when its parent dies ([Note: ranks die with their launcher]); if the
+    parent is no longer `launcher_pid` (default: $FSDP_LAB_LAUNCHER_PID), it died already: exit now. Call it
+    before anything slow. Returns False where prctl is unavailable (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if launcher_pid is None and os.environ.get(LAUNCHER_PID_ENV, "").isdigit():
+        launcher_pid = int(os.environ[LAUNCHER_PID_ENV])
+    if launcher_pid is not None and os.getppid() != launcher_pid:
+        os._exit(ORPHAN_EXIT)
+    return armed
 
 
 def free_port() -> int:
@@ -64,7 +94,8 @@ def set_rank_device(local_rank: int, cuda=None):
     return index
 
 
-def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results):
+def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, args, results, launcher_pid):
+    die_with_parent(launcher_pid)
     import torch
     import torch.distributed as dist
 
@@ -88,6 +119,8 @@ def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, 
 def run_on_ranks(fn, world_size: int, *args, timeout_s: float = 180.0, backend: str = "gloo",
                  collective_timeout_s: float = 60.0, threads_per_rank: int | None = None) -> list:
     """Call fn(rank, world_size, *args) on `world_size` processes; return their results ordered by rank."""
+    import torch.multiprocessing as mp
+
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // world_size)
@@ -95,7 +128,7 @@ def run_on_ranks(fn, world_size: int, *args, timeout_s: float = 180.0, backend: 
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, collective_timeout_s, threads,
-                                                args, results), daemon=True) for r in range(world_size)]
+                                                args, results, os.getpid()), daemon=True) for r in range(world_size)]
     with children_ignore_sigint():
         for p in procs:
             p.start()

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -24,7 +25,9 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import checkpoint
-from fsdp_lab.checkpoint.files import prune, read_latest
+from fsdp_lab.checkpoint.files import CheckpointError
+from fsdp_lab.checkpoint.ownership import RunLock, check_unlocked, output_problem, prunable, remove_checkpoint, \
+    save_conflict
 from fsdp_lab.observe.trace import Tracer, rank_file
 from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.runtime.api import FSDP
@@ -59,6 +62,7 @@ class TrainConfig:
     progress: bool = True
     log_every: int = 0  # 0: every step without a progress bar, every AUTO_LOG_EVERY steps beside one
     keep_last: int = 0  # 0: keep every checkpoint; K: remove all but the newest K after each save
+    allow_unverified: bool = False  # resume from a checkpoint whose manifest records no checksums
 
     def __post_init__(self):
         for flag, value, allowed in (("preset", self.preset, tuple(PRESETS)),
@@ -87,6 +91,17 @@ class TrainConfig:
             raise ValueError("--resume without a path needs --checkpoint-dir (whose 'latest' to resume from)")
         if self.backend == "nccl" and self.device != "cuda":
             raise ValueError("--backend nccl needs --device cuda (NCCL moves CUDA tensors only)")
+        problem = output_problem({"--export": self.export, "--json-log": self.json_log, "--trace": self.trace},
+                                 self.checkpoint_dir, self.resume)
+        if problem:
+            raise ValueError(problem)
+
+    def save_steps(self, start: int) -> list[int]:
+        """The steps after `start` whose state this run saves."""
+        if not self.checkpoint_dir:
+            return []
+        every = self.checkpoint_every
+        return [s for s in range(start + 1, self.steps + 1) if s == self.steps or (every and s % every == 0)]
 
     def to_argv(self) -> list[str]:
         """The flags that rebuild this config (what the launcher hands each rank)."""
@@ -175,21 +190,109 @@ def build(cfg: TrainConfig, device: torch.device):
     return model, optimizer
 
 
-def _resume(cfg: TrainConfig, model, optimizer, say) -> int:
+def _on_rank0(fn):
+    """fn() on global rank 0, its result on every rank; a CheckpointError there is raised on every rank."""
+    box = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", fn())
+        except CheckpointError as err:
+            box[0] = ("error", str(err))
+    dist.broadcast_object_list(box, src=0)
+    if box[0][0] == "error":
+        raise CheckpointError(box[0][1], every_rank=True)
+    return box[0][1]
+
+
+def resume_from(cfg: TrainConfig, deep: bool = False):
+    """The checkpoint --resume means (a trust.Found), or None when there is none yet (a first run with --resume
+    and an empty or absent --checkpoint-dir). CheckpointError when what is there cannot be loaded."""
     if cfg.resume is None:
-        return 0
-    path = cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume
-    if cfg.resume == "latest" and read_latest(path) is None:
-        say(f"no checkpoint in {path} yet: starting at step 0")
-        return 0
-    meta = checkpoint.load(model, optimizer, path)
-    saved = meta.get("extra", {}).get("train_config", {})
-    changed = {k: (saved[k], v) for k, v in asdict(cfg).items() if k in ("lr", "global_batch", "seed")
-               and k in saved and saved[k] != v}
-    note = f"; changed since the save: {changed}" if changed else ""
-    say(f"resumed from step {meta['step']} (saved by {meta['world_size']} rank(s), {meta['strategy']}), now "
-        f"{model.world_size} rank(s), {model.sharding_strategy.name}{note}")
-    return int(meta["step"])
+        return None
+    if cfg.resume == "latest" and not os.path.lexists(cfg.checkpoint_dir):
+        return None
+    return checkpoint.find(cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume, cfg.allow_unverified, deep)
+
+
+def check_checkpoints(cfg: TrainConfig) -> None:
+    """What the launcher can know before any rank starts: the checkpoint to resume from, that no other run holds
+    --checkpoint-dir, and that the saves ahead collide with nothing there. CheckpointError otherwise."""
+    found = resume_from(cfg)
+    if cfg.checkpoint_dir:
+        check_unlocked(cfg.checkpoint_dir)
+        start = found.meta["step"] if found else 0
+        _refuse(save_conflict(cfg.checkpoint_dir, start, cfg.save_steps(start)))
+
+
+def _claim(cfg: TrainConfig, lock: RunLock | None) -> str:
+    """Lock the checkpoint directory on rank 0 ([Note: one run per checkpoint directory] in
+    fsdp_lab/checkpoint/ownership.py); return a fresh run id, the same on every rank."""
+    def claim():
+        if lock is not None:
+            lock.acquire()
+        return uuid.uuid4().hex
+    return _on_rank0(claim)
+
+
+def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
+    """(the step to continue from, the checkpoint's manifest or None), once the saves ahead are known not to
+    collide with anything in --checkpoint-dir."""
+    meta = None
+    if cfg.resume is not None:
+        path = cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume
+
+        def newest() -> str | None:
+            found = resume_from(cfg)
+            return str(found.step_dir) if found else None
+
+        def lock_source() -> None:
+            if reading is not None:
+                reading.acquire()
+
+        found = _on_rank0(newest)
+        source = Path(found).parent if found else None
+        reading = RunLock(source, reading=True) if source and dist.get_rank() == 0 \
+            and not _same_dir(source, cfg.checkpoint_dir) else None
+        if found:
+            try:  # a run saving into the source directory must not prune the checkpoint while it is read
+                _on_rank0(lock_source)
+                meta = checkpoint.load(model, optimizer, path, allow_unverified=cfg.allow_unverified)
+            finally:
+                if reading is not None:
+                    reading.release()
+        else:
+            say(f"no checkpoint in {path} yet: starting at step 0")
+    start = int(meta["step"]) if meta else 0
+    if cfg.checkpoint_dir:
+        _on_rank0(lambda: _refuse(save_conflict(cfg.checkpoint_dir, start, cfg.save_steps(start))))
+    if meta:
+        saved = (meta.get("extra") or {}).get("train_config") or {}
+        changed = {k: (saved[k], v) for k, v in asdict(cfg).items() if k in ("lr", "global_batch", "seed")
+                   and k in saved and saved[k] != v}
+        note = (f"; changed since the save: {changed}" if changed else "") + \
+            (f" ({meta['note']})" if meta.get("note") else "")
+        say(f"resumed from step {meta['step']} (saved by {meta['world_size']} rank(s), {meta['strategy']}), now "
+            f"{model.world_size} rank(s), {model.sharding_strategy.name}{note}")
+    return start, meta
+
+
+def _same_dir(a: Path, b) -> bool:
+    return b is not None and os.path.realpath(a) == os.path.realpath(b)
+
+
+def _refuse(problem: str | None) -> None:
+    if problem:
+        raise CheckpointError(problem)
+
+
+def _run_id(cfg: TrainConfig, meta: dict | None, fresh: str) -> str:
+    """The run a resumed checkpoint belongs to, when it lies in --checkpoint-dir (the same run continues), else
+    `fresh` ([Note: the run marker] in fsdp_lab/checkpoint/ownership.py)."""
+    if meta and meta.get("run") and cfg.checkpoint_dir and cfg.resume:
+        source = Path(cfg.checkpoint_dir if cfg.resume == "latest" else cfg.resume).resolve()
+        if Path(cfg.checkpoint_dir).resolve() in (source, source.parent):
+            return meta["run"]
+    return fresh
 
 
 def _memory(model, optimizer, tracer, device) -> dict:
@@ -238,8 +341,6 @@ def log_interval(cfg: TrainConfig, bar_shown: bool) -> int:
 
 def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
     """Train on an initialised process group; return one record per step run (the same on every rank)."""
-    from tqdm import tqdm
-
     fault = Fault.from_env()
     if cfg.global_batch % world_size:
         raise ValueError(f"--global-batch {cfg.global_batch} does not divide by the world size {world_size}")
@@ -247,8 +348,22 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
     device = torch.device("cuda", local_rank % torch.cuda.device_count()) if cfg.device == "cuda" else None
     device = device or torch.device("cpu")
     console = WarnOnceWriter(out or sys.stdout, "the training log to stdout") if rank == 0 else WarnOnceWriter(None, "")
-    model, optimizer = build(cfg, device)
-    start = _resume(cfg, model, optimizer, console.write_line)
+    lock = RunLock(cfg.checkpoint_dir) if cfg.checkpoint_dir and rank == 0 else None
+    try:
+        fresh_run = _claim(cfg, lock)
+        model, optimizer = build(cfg, device)
+        start, meta = _resume(cfg, model, optimizer, console.write_line)
+        return _train_from(rank, world_size, cfg, model, optimizer, device, console, start,
+                           _run_id(cfg, meta, fresh_run), fault)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_from(rank, world_size, cfg, model, optimizer, device, console, start, run, fault) -> list[dict]:
+    """The steps after `start`, saving (as run `run`) and pruning as the flags say."""
+    from tqdm import tqdm
+
     tracer = _PeakTracer(rank_file(cfg.trace, rank) if cfg.trace else None, rank=rank, model=model,
                          optimizer=optimizer, keep_in_memory=False)
     tracer.step = start
@@ -288,9 +403,11 @@ def train(rank: int, world_size: int, cfg: TrainConfig, out=None) -> list[dict]:
                 factory = functools.partial(_dying_writer, fault, rank, step) if fault else None
                 t0 = time.perf_counter()
                 path = checkpoint.save(model, optimizer, cfg.checkpoint_dir, step,
-                                       extra={"train_config": asdict(cfg)}, writer_factory=factory)
+                                       extra={"train_config": asdict(cfg)}, writer_factory=factory, run=run)
                 if rank == 0:
-                    removed = prune(cfg.checkpoint_dir, cfg.keep_last) if cfg.keep_last else []
+                    removed = prunable(cfg.checkpoint_dir, run, cfg.keep_last) if cfg.keep_last else []
+                    for old in removed:
+                        remove_checkpoint(old)
                     note = f"; removed {', '.join(p.name for p in removed)} (--keep-last {cfg.keep_last})" \
                         if removed else ""
                     say(f"saved {path} in {time.perf_counter() - t0:.2f} s{note}")
