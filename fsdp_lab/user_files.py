@@ -142,8 +142,10 @@ def replace_text(path: str | os.PathLike, text: str) -> Path:
     (a symlink's target). Parent folders are created. FileRefused if `path` is not replaceable."""
     target = replaceable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # mode 0600
     try:
+        if target.exists():  # keep who may read it: a class export shared with co-instructors stays shared
+            os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -156,12 +158,13 @@ def replace_text(path: str | os.PathLike, text: str) -> Path:
     return target
 
 
-def move_aside(path: str | os.PathLike, name: str) -> Path:
-    """Rename the regular file at `path` (a symlink's target) to `name` in its folder, or `name-1`, `name-2`...
-    if taken; returns the new path. Never replaces an existing file."""
+def move_aside(path: str | os.PathLike, suffix: str) -> Path:
+    """Rename the regular file at `path` (a symlink's target) to its name + `suffix` in its folder, or that
+    + `-1`, `-2`... if taken; returns the new path. Never replaces an existing file."""
     source = replaceable(path)
     if not source.exists():
         raise FileNotFoundError(f"{source}: nothing to move aside")
+    name = source.name + suffix
     target, n = source.with_name(name), 1
     while True:
         try:

@@ -109,7 +109,7 @@ class ProgressStore:
 
     def _aside(self, error: ProgressFileError) -> Path:
         stamp = self.clock().astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        return move_aside(self.path, f"{self.path.name}.{error.kind}-{stamp}")
+        return move_aside(self.path, f".{error.kind}-{stamp}")
 
     def load(self, learner: str | None = None) -> tuple[Progress, str | None]:
         """(progress, notice). notice is None unless a bad file was moved aside; it names both paths."""
