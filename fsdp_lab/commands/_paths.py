@@ -46,6 +46,8 @@ def replaced_file_problem(flag: str, path: str | os.PathLike | None) -> str | No
     whatever is not a regular file (a device, a FIFO, a symlink to one), see fsdp_lab.user_files."""
     from fsdp_lab.user_files import FileRefused, replaceable
 
+    if path is None:
+        return None
     if problem := output_file_problem(flag, path):
         return problem
     try:
