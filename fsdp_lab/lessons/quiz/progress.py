@@ -32,7 +32,7 @@ from fsdp_lab.lessons.quiz.questions import ProgressFileError
 from fsdp_lab.user_files import FileRefused, MiB, locked, move_aside, printable, read_text, replace_text
 
 SCHEMA_VERSION = 1
-READ_LIMIT = 2 * MiB  # a progress file of 3,000 attempts is under 2 MiB; a bigger one is refused, not parsed
+READ_LIMIT = 2 * MiB  # about 2,000 ten-question attempts; a bigger file is refused, not parsed
 
 
 def utc_now() -> datetime:
