@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -320,7 +321,12 @@ def _gone(pid, deadline):
 
 
 @pytest.mark.slow
-def test_lab_serves_with_its_token_whatever_the_jupyter_config_says(tmp_path):
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_lab_serves_with_its_token_whatever_the_jupyter_config_says(tmp_path, ending):
+    """Ended by SIGTERM the launcher stops the server itself; killed outright, the server gets SIGTERM from
+    the kernel (parent-death signal), so it never outlives the command."""
+    if ending == signal.SIGKILL and sys.platform != "linux":
+        pytest.skip("the parent-death signal is Linux's")
     launcher, port, runtime, lines = _start_lab(tmp_path)
     try:
         deadline = time.monotonic() + 180
@@ -335,7 +341,7 @@ def test_lab_serves_with_its_token_whatever_the_jupyter_config_says(tmp_path):
         assert len(token) == 48 and _http_status(f"{base}?token={token}") == 200
         assert f"fsdp-lab lab: checked: {base} refuses a request without the token (HTTP 403).\n" in "".join(lines)
     finally:
-        launcher.terminate()
+        launcher.send_signal(ending)
         launcher.wait(timeout=60)
     assert _gone(pid, time.monotonic() + 60), "the server outlived the launcher"
 
