@@ -1,7 +1,7 @@
 """The package's shape, read from its import graph with `ast`: layers you can see from the folder list.
 
-    runtime → (fsdp_lab/__init__, fsdp_lab/wrap: public names; fsdp_lab/user_files) → observe → checkpoint → theory → training
-            → bench → lessons → commands → (fsdp_lab/cli, fsdp_lab/__main__)
+    runtime → (fsdp_lab/__init__, fsdp_lab/wrap: public names; fsdp_lab/user_files) → observe → checkpoint
+            → theory → training → bench → lessons → commands → (fsdp_lab/cli, fsdp_lab/__main__)
 
 A module may import its own layer and the layers before it, never a later one; `runtime` imports nothing of
 fsdp_lab outside itself; no import cycle, counting imports inside functions; at most five plain modules at the

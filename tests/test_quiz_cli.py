@@ -169,7 +169,8 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
 def test_scores_to_stdout_and_missing_dir(monkeypatch, capsys, tmp_path):
     make_progress(tmp_path / "a.json", "", [("01", 2, 4, "2025-01-01T00:00:00+00:00")])
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert code == 0 and out.splitlines()[1] == '"a.json","a","01",2,4,1,"2025-01-01T00:00:00+00:00"'  # name from the file
+    # the name comes from the file name
+    assert code == 0 and out.splitlines()[1] == '"a.json","a","01",2,4,1,"2025-01-01T00:00:00+00:00"'
     code, _, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path / "nope")], "")
     assert code == 2 and "is not a directory" in err
 

@@ -213,3 +213,20 @@ def test_concurrent_quiz_processes_keep_every_attempt(tmp_path):
     started = sorted(a.started for a in read_progress(path).attempts)
     assert started == sorted(f"{who}-{i}" for who in "abcd" for i in range(n))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".p.json.lock", "go", "p.json"]
+
+
+def test_the_progress_file_is_never_one_of_the_bank_files(monkeypatch, capsys, tmp_path):
+    """Any output is checked against the command's inputs: a progress path naming a bank file (through a link
+    too) would have been moved aside as "not JSON", taking the chapter away."""
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    (bank / "10-interview.yaml").write_bytes((REPO / "quizzes" / "10-interview.yaml").read_bytes())
+    (tmp_path / "p.json").symlink_to(bank / "10-interview.yaml")
+    before = (bank / "10-interview.yaml").read_bytes()
+    for path in (bank / "10-interview.yaml", tmp_path / "p.json"):
+        done = inline(monkeypatch, capsys, ["quiz", "10", "--bank", bank, "--progress", path], "\n".join(KEY) + "\n")
+        assert done.returncode == 2 and "Q1/10" not in done.stdout
+        [line] = done.stderr.strip().splitlines()
+        assert line.startswith(f"fsdp-lab quiz: error: --progress {path}: is one of the inputs"), line
+    assert (bank / "10-interview.yaml").read_bytes() == before and sorted(p.name for p in bank.iterdir()) == [
+        "10-interview.yaml"]
