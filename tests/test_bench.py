@@ -162,6 +162,16 @@ def test_bad_flags_exit_2_before_any_rank_starts_and_name_the_flag(argv, message
     assert "[bench" not in proc.stderr  # no rank reported progress: nothing was started
 
 
+def test_json_out_that_is_not_a_regular_file_is_refused_before_any_rank_starts(tmp_path):
+    """The result replaces --json-out whole at the end; a FIFO there used to block the finished run forever."""
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    proc = _bench("--json-out", fifo, timeout=60)
+    assert proc.returncode == 2 and "[bench" not in proc.stderr
+    assert proc.stderr.strip() == (f"fsdp-lab bench: error: --json-out {fifo}: is a FIFO (named pipe); only a "
+                                   f"regular file is replaced, so it was left alone")
+
+
 def test_a_trace_that_cannot_be_written_fails_the_command(tmp_path):
     """A full 64 KiB tmpfs: the write fails with ENOSPC after the ranks ran. The profiler's own writer would only log
     a C++ line there, so the trace must be written by us, and fail as our one error line."""

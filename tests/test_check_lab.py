@@ -1,9 +1,18 @@
 """`fsdp-lab check` (a real 2-rank gloo probe, the chapter verdict) and `fsdp-lab lab` (the exact command)."""
+import importlib
 import json
 import multiprocessing
+import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -216,17 +225,141 @@ def test_lab_without_notebooks_fails_clearly(capsys, monkeypatch, tmp_path):
     assert "no notebooks/ folder found" in capsys.readouterr().err
 
 
-def test_child_env_drops_an_empty_token_only(tmp_path):
-    assert "JUPYTER_TOKEN" not in lab.child_env({"JUPYTER_TOKEN": "", "PATH": "/bin"})
-    assert lab.child_env({"JUPYTER_TOKEN": "abc"})["JUPYTER_TOKEN"] == "abc"
+def test_the_token_is_the_users_if_they_gave_one_else_new(tmp_path):
+    assert lab.launcher_token({"JUPYTER_TOKEN": "abc"}) == "abc"
     empty, full = tmp_path / "empty", tmp_path / "full"
     empty.write_text("\n")
     full.write_text("s3cret\n")
-    assert "JUPYTER_TOKEN_FILE" not in lab.child_env({"JUPYTER_TOKEN_FILE": str(empty)})
-    assert "JUPYTER_TOKEN_FILE" not in lab.child_env({"JUPYTER_TOKEN_FILE": str(tmp_path / "missing")})
-    assert lab.child_env({"JUPYTER_TOKEN_FILE": str(full)})["JUPYTER_TOKEN_FILE"] == str(full)
+    assert lab.launcher_token({"JUPYTER_TOKEN_FILE": str(full)}) == "s3cret"
+    for environ in ({"JUPYTER_TOKEN": ""}, {"JUPYTER_TOKEN": " "}, {"JUPYTER_TOKEN_FILE": str(empty)},
+                    {"JUPYTER_TOKEN_FILE": str(tmp_path / "missing")}, {"JUPYTER_TOKEN_FILE": "/dev/zero"}, {}):
+        token = lab.launcher_token(environ)
+        assert len(token) == 48 and token != lab.launcher_token(environ)  # random, never empty
+    env = lab.child_env({"JUPYTER_TOKEN": "", "JUPYTER_TOKEN_FILE": str(empty), "PATH": "/bin"})
+    assert len(env["JUPYTER_TOKEN"]) == 48 and "JUPYTER_TOKEN_FILE" not in env and env["PATH"] == "/bin"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(lab.__file__).resolve().parents[2])
+
+
+def test_the_token_outranks_config_files_without_showing_in_ps(capsys, cwd_with_notebooks):
+    code, argv, _ = _dry_run(capsys)
+    assert f"--ServerApp.identity_provider_class={lab.IDENTITY_PROVIDER}" in argv
+    assert not [a for a in argv if "token" in a.lower() and "identity_provider_class" not in a]  # in JUPYTER_TOKEN
+    module, _, name = lab.IDENTITY_PROVIDER.rpartition(".")
+    provider = getattr(importlib.import_module(module), name)
+    from jupyter_server.auth.identity import IdentityProvider
+    from traitlets.config import Config
+
+    assert issubclass(provider, IdentityProvider)
+    config = Config({"IdentityProvider": {"token": ""}})
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("JUPYTER_TOKEN", "from-the-launcher")
+        assert provider(config=config).token == "from-the-launcher"
+        assert provider(config=config, token="").token == "from-the-launcher"
 
 
 def test_build_command_allow_root_only_when_asked(tmp_path):
     assert "--allow-root" not in lab.build_command(tmp_path)
     assert "--allow-root" in lab.build_command(tmp_path, as_root=True)
+
+
+# -- lab, for real: a server on 127.0.0.1 whose Jupyter config turns the token off ---------------------------------
+EMPTY_TOKEN = {"IdentityProvider": {"token": ""}, "ServerApp": {"token": "", "password": ""}}
+AUTH_OFF_BY_CODE = """
+from jupyter_server.auth.identity import IdentityProvider
+IdentityProvider.get_user = lambda self, handler: self.generate_anonymous_user(handler)  # everyone is a user
+"""
+
+
+def _http_status(url):
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _start_lab(tmp_path, config_py=None):
+    """`fsdp-lab lab` on a free loopback port with the user's Jupyter config dirs in tmp_path, all saying
+    token = ''; returns (launcher, port, runtime dir, stderr lines so far)."""
+    user, extra = tmp_path / "jupyter-config", tmp_path / "jupyter-config-path"
+    for folder in (user, extra):
+        folder.mkdir()
+        (folder / "jupyter_server_config.json").write_text(json.dumps(EMPTY_TOKEN))
+    (user / "jupyter_server_config.py").write_text("c.IdentityProvider.token = ''\n" + (config_py or ""))
+    runtime = tmp_path / "runtime"
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(user), "JUPYTER_CONFIG_PATH": str(extra), "JUPYTER_TOKEN": "",
+           "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_DATA_DIR": str(tmp_path / "data"), "HOME": str(tmp_path),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    port = check.free_port()
+    launcher = subprocess.Popen([sys.executable, "-m", "fsdp_lab", "lab", "--no-browser", "--ip", "127.0.0.1",
+                                 "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    lines = []
+    threading.Thread(target=lambda: lines.extend(launcher.stderr), daemon=True).start()
+    return launcher, port, runtime, lines
+
+
+def _server_pid(runtime, deadline):
+    while time.monotonic() < deadline:
+        for info in runtime.glob("jpserver-*.json"):
+            try:
+                return json.loads(info.read_text())["pid"]
+            except (ValueError, KeyError, OSError):
+                pass
+        time.sleep(0.2)
+    return None
+
+
+def _gone(pid, deadline):
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_lab_serves_with_its_token_whatever_the_jupyter_config_says(tmp_path, ending):
+    """Ended by SIGTERM the launcher stops the server itself; killed outright, the server gets SIGTERM from
+    the kernel (parent-death signal), so it never outlives the command."""
+    if ending == signal.SIGKILL and sys.platform != "linux":
+        pytest.skip("the parent-death signal is Linux's")
+    launcher, port, runtime, lines = _start_lab(tmp_path)
+    try:
+        deadline = time.monotonic() + 180
+        pid = _server_pid(runtime, deadline)
+        assert pid, f"no server started: {''.join(lines)[-2000:]}"
+        base = f"http://127.0.0.1:{port}/api/status"
+        while time.monotonic() < deadline and not any("fsdp-lab lab: checked:" in line for line in lines):
+            assert launcher.poll() is None, "".join(lines)[-2000:]
+            time.sleep(0.2)
+        assert _http_status(base) == 403  # the old launcher served this with no token (HTTP 200)
+        token = json.loads(next(runtime.glob("jpserver-*.json")).read_text())["token"]
+        assert len(token) == 48 and _http_status(f"{base}?token={token}") == 200
+        assert f"fsdp-lab lab: checked: {base} refuses a request without the token (HTTP 403).\n" in "".join(lines)
+    finally:
+        launcher.send_signal(ending)
+        launcher.wait(timeout=60)
+    assert _gone(pid, time.monotonic() + 60), "the server outlived the launcher"
+
+
+@pytest.mark.slow
+def test_lab_stops_a_server_that_answers_without_the_token(tmp_path):
+    """Config is code: one that switches authentication off behind the identity provider's back still gets
+    caught by the check after start, and the server is stopped."""
+    launcher, port, runtime, lines = _start_lab(tmp_path, AUTH_OFF_BY_CODE)
+    try:
+        code = launcher.wait(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    time.sleep(0.5)  # the reader thread has the last lines
+    errors = [line for line in lines if "fsdp-lab lab: error:" in line]
+    assert code == 1 and len(errors) == 1, "".join(lines)[-3000:]
+    assert (f"the Jupyter server answered it: authentication is off (HTTP 200 without the token, "
+            f"http://127.0.0.1:{port}/api/status), so it was stopped") in errors[0]
+    with pytest.raises(urllib.error.URLError):  # stopped, not left serving
+        _http_status(f"http://127.0.0.1:{port}/api/status")

@@ -1,4 +1,5 @@
 """`fsdp-lab quiz` and `fsdp-lab scores` driven through stdin, as a learner or an instructor would."""
+import csv
 import io
 import json
 import os
@@ -11,6 +12,7 @@ from fsdp_lab.lessons.quiz import load_chapter_by_key, present
 from fsdp_lab.lessons.quiz.progress import read_progress
 
 REPO = Path(__file__).resolve().parents[1]
+HEADER = '"file","name","chapter","score","max","attempts","last_attempt"'
 KEY = ["A", "B", "B", "C", "AB", "C", "AB", "A", "A", "AB"]
 
 
@@ -153,10 +155,10 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
     code, out, err = run_inline(monkeypatch, capsys, ["scores", str(cls), "--csv", str(out_csv)], "")
     assert code == 0
     assert out_csv.read_text(encoding="utf-8").splitlines() == [
-        "file,name,chapter,score,max,attempts,last_attempt",
-        "ada.json,ada,05,4,4,1,2025-01-03T10:00:00+00:00",
-        "ada.json,ada,10,9.5,10,2,2025-01-02T10:00:00+00:00",
-        "sub/progress.json,bo,10,3,10,1,2025-01-05T09:00:00+00:00",
+        HEADER,
+        '"ada.json","ada","05",4,4,1,"2025-01-03T10:00:00+00:00"',
+        '"ada.json","ada","10",9.5,10,2,"2025-01-02T10:00:00+00:00"',
+        '"sub/progress.json","bo","10",3,10,1,"2025-01-05T09:00:00+00:00"',
     ]
     assert "wrote 3 rows (2 learners)" in out and "skipped 2 unreadable file(s)" in out
     assert f"skipped {cls / 'cy.json'}: not valid JSON" in err
@@ -167,7 +169,8 @@ def test_scores_csv_for_a_class(monkeypatch, capsys, tmp_path):
 def test_scores_to_stdout_and_missing_dir(monkeypatch, capsys, tmp_path):
     make_progress(tmp_path / "a.json", "", [("01", 2, 4, "2025-01-01T00:00:00+00:00")])
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert code == 0 and out.splitlines()[1] == "a.json,a,01,2,4,1,2025-01-01T00:00:00+00:00"  # name from the file
+    # the name comes from the file name
+    assert code == 0 and out.splitlines()[1] == '"a.json","a","01",2,4,1,"2025-01-01T00:00:00+00:00"'
     code, _, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path / "nope")], "")
     assert code == 2 and "is not a directory" in err
 
@@ -194,7 +197,7 @@ def test_an_empty_attempt_is_not_recorded_and_does_not_count(monkeypatch, capsys
     code, out, _ = run_inline(monkeypatch, capsys, ["quiz", "--progress", str(progress)], "")
     assert "  10  " in out and "not tried yet" in out.split("  10  ")[1].splitlines()[0]
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert out.splitlines() == ["file,name,chapter,score,max,attempts,last_attempt"]
+    assert out.splitlines() == [HEADER]
 
 
 def test_scores_tells_learners_with_the_same_name_apart(monkeypatch, capsys, tmp_path):
@@ -204,12 +207,12 @@ def test_scores_tells_learners_with_the_same_name_apart(monkeypatch, capsys, tmp
     out_csv = tmp_path / "out.csv"
     code, out, _ = run_inline(monkeypatch, capsys, ["scores", str(cls), "--csv", str(out_csv)], "")
     assert code == 0 and "wrote 3 rows (3 learners)" in out
-    assert [line.split(",")[:2] for line in out_csv.read_text().splitlines()[1:]] == [
+    assert [row[:2] for row in list(csv.reader(out_csv.open()))[1:]] == [
         ["pc01/progress.json", "root"], ["pc02/progress.json", "root"], ["pc03/progress.json", "root"]]
 
 
 def test_scores_warns_about_an_empty_directory(monkeypatch, capsys, tmp_path):
     code, out, err = run_inline(monkeypatch, capsys, ["scores", str(tmp_path)], "")
-    assert code == 0 and out.splitlines() == ["file,name,chapter,score,max,attempts,last_attempt"]
+    assert code == 0 and out.splitlines() == [HEADER]
     assert err.strip() == (f"warning: no quiz results under {tmp_path} "
                            f"(no progress .json files with an answered attempt)")

@@ -7,7 +7,8 @@ from datetime import datetime, timezone
 import pytest
 
 from fsdp_lab.lessons.quiz import ProgressFileError, ProgressStore, QuizRun, load_chapter_by_key
-from fsdp_lab.lessons.quiz.progress import SCHEMA_VERSION, read_progress, write_atomic
+from fsdp_lab.lessons.quiz.progress import SCHEMA_VERSION, read_progress
+from fsdp_lab.user_files import replace_text as write_atomic
 
 FIXED = datetime(2025, 3, 4, 5, 6, 7, tzinfo=timezone.utc)
 

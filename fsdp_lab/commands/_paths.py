@@ -41,6 +41,22 @@ def output_file_problem(flag: str, path: str | os.PathLike | None) -> str | None
     return _writable_dir(flag, path, _nearest_existing(path.parent))
 
 
+def replaced_file_problem(flag: str, path: str | os.PathLike | None) -> str | None:
+    """`output_file_problem` for a file that is replaced whole (a temp file, then os.replace): also refuses
+    whatever is not a regular file (a device, a FIFO, a symlink to one), see fsdp_lab.user_files."""
+    from fsdp_lab.user_files import FileRefused, replaceable
+
+    if path is None:
+        return None
+    if problem := output_file_problem(flag, path):
+        return problem
+    try:
+        replaceable(path)
+    except FileRefused as exc:
+        return f"{flag} {exc}"
+    return None
+
+
 def output_dir_problem(flag: str, path: str | os.PathLike | None) -> str | None:
     """Why `path` cannot be used as an output directory (created if needed), or None."""
     if path is None:

@@ -15,7 +15,7 @@ import re
 import sys
 
 from fsdp_lab.commands._argtypes import number, positive_float, positive_int
-from fsdp_lab.commands._paths import first_problem, output_file_problem
+from fsdp_lab.commands._paths import first_problem, output_file_problem, replaced_file_problem
 
 NAME = "bench"
 HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/s, TFLOP/s, peak memory)."
@@ -63,10 +63,11 @@ def run(args) -> int:
     from fsdp_lab.bench.report import format_table
     from fsdp_lab.bench.run import BenchConfig, run_bench
     from fsdp_lab.training.launch import RankFailed
+    from fsdp_lab.user_files import replace_text
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
     problem = first_problem(output_file_problem("--trace", args.trace),
-                            output_file_problem("--json-out", args.json_out))
+                            replaced_file_problem("--json-out", args.json_out))
     if problem:
         print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
         return 2
@@ -89,8 +90,7 @@ def run(args) -> int:
     failed = []
     if args.json_out:
         try:
-            with open(args.json_out, "w", encoding="utf-8") as fh:
-                fh.write(line + "\n")
+            replace_text(args.json_out, line + "\n")
         except OSError as exc:
             failed.append(f"--json-out {args.json_out}: {exc.strerror or exc}")
     trace = result.get("trace")

@@ -1,21 +1,42 @@
 """`fsdp-lab lab`: open JupyterLab on the course's notebooks.
 
-[Note: token auth] Jupyter runs arbitrary code for whoever reaches it, so this command never turns the token off:
-it passes no token option at all and lets Jupyter generate one (printed in the URL it logs). Binding to
-0.0.0.0 for a workshop server keeps the token and says so loudly. The child's environment loses an empty
-JUPYTER_TOKEN and a JUPYTER_TOKEN_FILE naming an empty or unreadable file: with jupyter_server the latter means
-"no token at all". (A token set to '' in the user's own Jupyter config files is their explicit choice; passing a
-token on the command line to override it would show the token to every local user in `ps`.)
+[Note: token auth] Jupyter runs arbitrary code for whoever reaches it, so this command enforces the token it
+promises; it does not trust configuration to keep it on. A Jupyter config file (JUPYTER_CONFIG_DIR,
+JUPYTER_CONFIG_PATH, jupyter_server_config.py/json) with `c.IdentityProvider.token = ''` would otherwise switch
+authentication off, and `--ip 0.0.0.0` would serve the course to the network while this command said a token
+was required. So:
+
+1. The launcher picks the token: JUPYTER_TOKEN or the file JUPYTER_TOKEN_FILE names if either holds one, else
+   a fresh random one. It reaches Jupyter in JUPYTER_TOKEN, which `ps` does not show to other local users (a
+   `--IdentityProvider.token=...` argument would).
+2. Jupyter's command line, which outranks every config file, names LauncherTokenIdentityProvider
+   (fsdp_lab.commands._jupyter_auth): Jupyter's own provider, except that its token is always that one. A
+   configured password still works as well.
+3. Config is code, and a config file can still get around that. So once the server is up, the launcher asks
+   it for /api/status without the token. Anything but 401/403 (or no answer before START_DEADLINE_S) and the
+   server is stopped and the command fails with one line: it never keeps serving without the token.
+
+The launcher stays Jupyter's parent: Ctrl-C or SIGTERM stops the server, and on Linux the server gets SIGTERM
+if the launcher is killed outright, so no server outlives the command.
 """
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib.util
+import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+
+from fsdp_lab.user_files import printable, read_text
 
 NAME = "lab"
 HELP = "Launch JupyterLab on the course notebooks (127.0.0.1 and token auth by default)."
@@ -35,11 +56,16 @@ def find_notebooks(package_dir: Path | None = None, cwd: Path | None = None) -> 
     raise FileNotFoundError(f"no notebooks/ folder found (looked in: {tried}); run from a checkout of fsdp-lab")
 
 
+IDENTITY_PROVIDER = "fsdp_lab.commands._jupyter_auth.LauncherTokenIdentityProvider"
+START_DEADLINE_S = 120.0  # JupyterLab takes a few seconds to start; a loaded 2-core machine, much longer
+
+
 def build_command(notebook_dir: Path, ip: str = "127.0.0.1", port: int = 8888, no_browser: bool = False,
                   as_root: bool = False) -> list[str]:
-    """The exact `jupyter lab` command line. No token option on purpose: see [Note: token auth]. Jupyter
+    """The exact `jupyter lab` command line. The token itself is not on it: see [Note: token auth]. Jupyter
     refuses to start as root unless told; containers often run as root, so `as_root` passes --allow-root."""
-    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={notebook_dir}", f"--ip={ip}", f"--port={port}"]
+    cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={notebook_dir}", f"--ip={ip}", f"--port={port}",
+           f"--ServerApp.identity_provider_class={IDENTITY_PROVIDER}"]
     if no_browser:
         cmd.append("--no-browser")
     if as_root:
@@ -51,20 +77,131 @@ def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
-def child_env(environ: dict | None = None) -> dict:
-    """The environment for Jupyter, without settings that would leave it with an empty token."""
-    env = dict(os.environ if environ is None else environ)
-    if env.get("JUPYTER_TOKEN") == "":
-        del env["JUPYTER_TOKEN"]
-    token_file = env.get("JUPYTER_TOKEN_FILE")
-    if token_file is not None:
+def launcher_token(environ: dict) -> str:
+    """The token the server will require: the user's (JUPYTER_TOKEN, else JUPYTER_TOKEN_FILE's contents) when
+    it is not empty, else a new random one."""
+    if environ.get("JUPYTER_TOKEN", "").strip():
+        return environ["JUPYTER_TOKEN"]
+    if environ.get("JUPYTER_TOKEN_FILE"):
         try:
-            empty = not Path(token_file).read_text().strip()
-        except OSError:
-            empty = True
-        if empty:
-            del env["JUPYTER_TOKEN_FILE"]
+            token = read_text(environ["JUPYTER_TOKEN_FILE"], limit=4096).strip()
+        except (OSError, UnicodeDecodeError):
+            token = ""
+        if token:
+            return token
+    return secrets.token_hex(24)
+
+
+def child_env(environ: dict | None = None, token: str | None = None) -> dict:
+    """The environment for Jupyter: JUPYTER_TOKEN set to `token` (default: `launcher_token`), no token file,
+    and this fsdp_lab importable (the server loads its identity provider from it)."""
+    env = dict(os.environ if environ is None else environ)
+    env["JUPYTER_TOKEN"] = token or launcher_token(env)
+    env.pop("JUPYTER_TOKEN_FILE", None)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     return env
+
+
+class Auth(enum.Enum):
+    """What the running server said to a request without the token."""
+
+    REQUIRED = "refused the request (401/403): the token is required"
+    DISABLED = "answered it: authentication is off"
+    UNCHECKABLE = "could not be asked"
+    EXITED = "stopped before it could be asked"
+
+
+@dataclass(frozen=True)
+class AuthCheck:
+    auth: Auth
+    detail: str
+    url: str = ""
+
+
+def probe_host(ip: str) -> str:
+    """Where to reach a server bound to `ip` from this machine (all interfaces: the loopback address)."""
+    if ip in ("0.0.0.0", "", "*"):
+        return "127.0.0.1"
+    if ip == "::":
+        return "[::1]"
+    return f"[{ip}]" if ":" in ip else ip
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None  # a redirect is reported as its own status, not followed to a login page's 200
+
+
+def unauthenticated_status(url: str, timeout_s: float = 5.0) -> int | None:
+    """HTTP status of a GET of `url` without credentials, or None if nothing answered; proxies are ignored and
+    redirects are not followed."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+    try:
+        with opener.open(urllib.request.Request(url, headers={"Accept": "application/json"}), timeout=timeout_s) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def check_auth(proc: subprocess.Popen, ip: str, runtime_dir: Path, deadline_s: float = START_DEADLINE_S,
+               poll_s: float = 0.2) -> AuthCheck:
+    """Wait for the server `proc` to write its jpserver-<pid>.json, then ask /api/status without the token."""
+    info_file = runtime_dir / f"jpserver-{proc.pid}.json"
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return AuthCheck(Auth.EXITED, f"Jupyter exited with code {proc.returncode}")
+        try:
+            info = json.loads(read_text(info_file, limit=1 << 20))
+            port, base_url, sock = int(info["port"]), str(info.get("base_url") or "/"), info.get("sock")
+        except (OSError, ValueError, KeyError, TypeError):  # not written yet, or half written
+            time.sleep(poll_s)
+            continue
+        if sock:
+            return AuthCheck(Auth.UNCHECKABLE, f"it serves the Unix socket {printable(str(sock))} "
+                                               f"(ServerApp.sock in a Jupyter config), not --ip/--port")
+        url = f"http://{probe_host(ip)}:{port}{base_url.rstrip('/')}/api/status"
+        status = unauthenticated_status(url)
+        if status in (401, 403):
+            return AuthCheck(Auth.REQUIRED, f"HTTP {status}", url)
+        if status is not None and 200 <= status < 300:
+            return AuthCheck(Auth.DISABLED, f"HTTP {status} without the token", url)
+        if status is not None:
+            return AuthCheck(Auth.UNCHECKABLE, f"HTTP {status}, neither an answer nor a refusal", url)
+        time.sleep(poll_s)
+    return AuthCheck(Auth.UNCHECKABLE, f"no answer within {deadline_s:g} s")
+
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM when the launcher dies, even by SIGKILL."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM (Jupyter shuts its kernels down), then SIGKILL after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_s)
+
+
+def _say(line: str) -> None:
+    """One write of one line to stderr, which Jupyter's log shares: its lines cannot land inside ours."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def network_warning(ip: str) -> str | None:
@@ -105,10 +242,26 @@ def run(args: argparse.Namespace) -> int:
         print("fsdp-lab lab: error: jupyterlab is not installed here; run `pip install jupyterlab` "
               "(or bash scripts/course.sh)", file=sys.stderr)
         return 1
+    from jupyter_core.paths import jupyter_runtime_dir
+
     sys.stdout.flush(), sys.stderr.flush()
-    if os.name == "posix":  # become Jupyter: signals (Ctrl-C, kill) reach it directly and leave no orphan
-        os.execve(cmd[0], cmd, child_env())
+    env = child_env()
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     try:
-        return subprocess.call(cmd, env=child_env())
+        check = check_auth(proc, args.ip, Path(jupyter_runtime_dir()))
+        if check.auth is Auth.EXITED:
+            return proc.returncode or 1
+        if check.auth is not Auth.REQUIRED:
+            stop(proc)
+            _say(f"fsdp-lab lab: error: the Jupyter server {check.auth.value} ({check.detail}"
+                 f"{', ' + check.url if check.url else ''}), so it was stopped: this command never serves the "
+                 f"course without its token. Look for token, password or identity settings in the Jupyter "
+                 f"config files that `jupyter --paths` lists.")
+            return 1
+        _say(f"fsdp-lab lab: checked: {check.url} refuses a request without the token ({check.detail}).")
+        return proc.wait()
     except KeyboardInterrupt:  # Ctrl-C stops Jupyter too; that is the normal way out
+        stop(proc)
         return 0
+    finally:
+        stop(proc)  # SIGTERM or any error on our side: no server outlives the command

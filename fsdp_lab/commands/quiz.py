@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from fsdp_lab.commands._exit_codes import INTERRUPTED as EXIT_INTERRUPTED
-from fsdp_lab.commands._paths import output_file_problem
+from fsdp_lab.commands._paths import replaced_file_problem
 
 NAME = "quiz"
 HELP = ("Take a chapter's self-graded quiz in the terminal (chapter 10: the article's ten interview questions). "
@@ -60,25 +60,36 @@ def _list(args, progress) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsdp_lab.lessons.quiz.bank import chapter_key, load_chapter_by_key
+    from fsdp_lab.lessons.quiz.bank import bank_files, chapter_key, load_chapter_by_key
     from fsdp_lab.lessons.quiz.progress import ProgressStore, resumable
     from fsdp_lab.lessons.quiz.questions import QuizFileError, msg, points
     from fsdp_lab.lessons.quiz.scoring import QuizRun
     from fsdp_lab.lessons.quiz.terminal import offer_resume, resume_from, run_terminal
+    from fsdp_lab.user_files import FileRefused, printable, refuse_inputs
 
     _utf8_safe(sys.stdout), _utf8_safe(sys.stderr)
     store = ProgressStore(args.progress)
-    problem = output_file_problem("--progress", store.path)
+    problem = replaced_file_problem("--progress", store.path)
+    if problem is None:
+        try:
+            refuse_inputs("--progress", store.path, bank_files(args.bank))
+        except FileRefused as exc:
+            problem = f"--progress {exc}"
+        except QuizFileError:
+            pass  # no bank there: said below, when a chapter is loaded
     if problem:
-        print(f"fsdp-lab quiz: error: {problem}; your answers could not be saved there", file=sys.stderr)
+        print(f"fsdp-lab quiz: error: {printable(problem)}; your answers could not be saved there", file=sys.stderr)
         return 2
     try:
         progress, notice = store.load(args.name)
+    except FileRefused as exc:
+        print(f"fsdp-lab quiz: error: --progress {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(f"fsdp-lab quiz: cannot read {store.path}: {exc}", file=sys.stderr)
+        print(f"fsdp-lab quiz: cannot read {printable(str(store.path))}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     if notice:
-        print(notice, file=sys.stderr)
+        print(printable(notice), file=sys.stderr)
     try:
         if args.chapter is None:
             return _list(args, progress)
@@ -117,13 +128,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         notice = store.record(quiz.attempt(), args.name or progress.learner or _login(), replaces=replaces)
     except OSError as exc:
-        print(msg(args.lang, "not_saved", reason=exc), file=sys.stderr)
+        print(printable(msg(args.lang, "not_saved", reason=exc)), file=sys.stderr)
         return 1
     if notice:
-        print(notice, file=sys.stderr)
+        print(printable(notice), file=sys.stderr)
     if interrupted:
         print("\nfsdp-lab quiz: " + msg(args.lang, "interrupted", answered=quiz.answered, total=len(quiz),
-                                         path=store.path), file=sys.stderr)
+                                         path=printable(str(store.path))), file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(msg(args.lang, "saved", path=store.path))
+    print(msg(args.lang, "saved", path=printable(str(store.path))))
     return 0

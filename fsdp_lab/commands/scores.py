@@ -19,28 +19,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fsdp_lab.lessons.quiz.progress import collect, write_atomic, write_csv
+    from fsdp_lab.lessons.quiz.progress import collect, progress_files, write_csv
+    from fsdp_lab.user_files import FileRefused, printable, refuse_inputs, replace_text, replaceable
 
     try:
+        if args.csv is not None:  # refused before anything is read: the export must not replace an input
+            replaceable(args.csv)
+            refuse_inputs("--csv", args.csv, progress_files(args.dir))
         rows, problems = collect(args.dir)
-    except NotADirectoryError as exc:
-        print(f"fsdp-lab scores: {exc}", file=sys.stderr)
+    except (NotADirectoryError, FileRefused) as exc:
+        print(f"fsdp-lab scores: error: {exc}", file=sys.stderr)
         return 2
     for problem in problems:
-        print(f"skipped {problem}", file=sys.stderr)
+        print(f"skipped {printable(problem)}", file=sys.stderr)
     if not rows and not problems:
-        print(f"warning: no quiz results under {args.dir} (no progress .json files with an answered attempt)",
-              file=sys.stderr)
+        print(f"warning: no quiz results under {printable(str(args.dir))} (no progress .json files with an answered "
+              f"attempt)", file=sys.stderr)
     if args.csv is None:
-        write_csv(rows, sys.stdout)
+        write_csv(rows, sys.stdout)  # its text cells are escaped already (spreadsheet_cell)
         return 0
     buffer = io.StringIO()
     write_csv(rows, buffer)
     try:
-        write_atomic(args.csv, buffer.getvalue())
+        replace_text(args.csv, buffer.getvalue())
+    except FileRefused as exc:
+        print(f"fsdp-lab scores: error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
-        print(f"fsdp-lab scores: cannot write {args.csv}: {exc}", file=sys.stderr)
+        print(f"fsdp-lab scores: cannot write {printable(str(args.csv))}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     learners = len({r.file for r in rows})  # one progress file per learner; names may repeat ("root")
-    print(f"wrote {len(rows)} rows ({learners} learners) to {args.csv}; skipped {len(problems)} unreadable file(s)")
+    print(f"wrote {len(rows)} rows ({learners} learners) to {printable(str(args.csv))}; skipped {len(problems)} "
+          f"unreadable file(s)")
     return 0

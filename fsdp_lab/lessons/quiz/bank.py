@@ -2,7 +2,11 @@
 
 Reading one bank file as YAML, strictly: duplicate keys are errors (PyYAML would keep the last one and
 silently drop a whole option), `7e9` is a float (YAML 1.1 would make it a string), and a syntax error says
-which question and field it is in.
+which question and field it is in. A bank is bounded like any file a user names: at most READ_LIMIT bytes,
+MAX_DEPTH levels of nesting (PyYAML composes recursively, so 100,000 `[` would end in a RecursionError),
+integers of at most MAX_DIGITS digits (Python refuses to convert 4,300) and no aliases (`*name`: nine
+nested aliases of nine make a billion nodes for the schema check to walk). Each is one QuizFileError
+naming the line.
 
 JSON Schema check of one bank file, with errors told in the bank's own words: which question (by id),
 which field (options by letter: `options.B.feedback.en`), what was expected.
@@ -28,10 +32,38 @@ import yaml
 from fsdp_lab.lessons.quiz.computed import ComputeError, default_registry, resolve
 from fsdp_lab.lessons.quiz.questions import (CHAPTERS, LANGS, LETTERS, Chapter, Difficulty, Option, Question,
                                              QuestionType, QuizFileError, TemplateError, Text, bare_letters, render)
+from fsdp_lab.user_files import FileRefused, MiB, control_character, read_text
+
+READ_LIMIT = 1 * MiB  # the largest chapter is about 25 KB
+MAX_DEPTH = 32  # a question is six levels deep (chapter, questions, question, options, option, text)
+MAX_DIGITS = 100
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader (no Python objects) that refuses duplicate keys; a subclass, so the global one is untouched."""
+    """SafeLoader (no Python objects) that refuses duplicate keys, deep nesting, huge integers and aliases;
+    a subclass, so the global one is untouched."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in a question bank; "
+                                              "write the value out", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_yaml_int(self, node):
+        digits = sum(ch.isdigit() for ch in node.value)
+        if digits > MAX_DIGITS:
+            raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits (at most "
+                                                    f"{MAX_DIGITS} in a question bank)", node.start_mark)
+        return super().construct_yaml_int(node)
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -50,6 +82,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
 _StrictLoader.add_implicit_resolver(  # 7e9, 1.5e-3 and 1_000 as numbers, like YAML 1.2 and JSON
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
@@ -75,11 +108,15 @@ def _locate(lines: list[str], line: int) -> tuple[str | None, str | None]:
 def read_yaml(path: Path) -> Any:
     """Parse `path`; any YAML problem becomes a QuizFileError with line, column and the question around it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, READ_LIMIT)
+    except FileRefused as exc:
+        raise QuizFileError(path, exc.detail) from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise QuizFileError(path, f"cannot read the file: {exc}") from None
+        raise QuizFileError(path, f"cannot read the file: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except (RecursionError, ValueError) as exc:  # the bounds above should catch these first
+        raise QuizFileError(path, f"cannot be read as a question bank: {type(exc).__name__}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -206,6 +243,9 @@ def _check_texts(path: Path, q: Question) -> None:
     for name, text in fields:
         for lang in LANGS:
             template = text.get(lang)
+            if (bad := control_character(template)) is not None:
+                raise QuizFileError(path, f"control character U+{ord(bad):04X} in the text: it would drive the "
+                                          f"learner's terminal; write plain text", q.id, f"{name}.{lang}")
             try:
                 render(template, values)
             except TemplateError as exc:
@@ -256,6 +296,10 @@ def load_chapter(path: str | Path, registry: Mapping[str, Callable] | None = Non
     if stem_key.isdigit() and data["chapter"] != stem_key:
         raise QuizFileError(path, f"chapter {data['chapter']!r} does not match the file name ({stem_key!r})",
                             field="chapter")
+    for lang in LANGS:
+        if (bad := control_character(data["title"][lang])) is not None:
+            raise QuizFileError(path, f"control character U+{ord(bad):04X} in the title; write plain text",
+                                field=f"title.{lang}")
     registry = default_registry() if registry is None else registry
     questions, first_seen = [], {}
     for index, d in enumerate(data["questions"]):
@@ -267,13 +311,19 @@ def load_chapter(path: str | Path, registry: Mapping[str, Callable] | None = Non
     return Chapter(key=data["chapter"], title=_text(data["title"]), questions=tuple(questions), path=path)
 
 
-def load_bank(directory: str | Path | None = None,
-              registry: Mapping[str, Callable] | None = None) -> dict[str, Chapter]:
-    """Every `*.yaml` in `directory` (default: the repository's quizzes/), keyed by chapter, ids unique."""
+def bank_files(directory: str | Path | None = None) -> list[Path]:
+    """The `*.yaml` files of the bank in `directory` (default: the repository's quizzes/), sorted."""
     directory = Path(directory) if directory is not None else default_quiz_dir()
     files = sorted(directory.glob("*.yaml"))
     if not files:
         raise QuizFileError(directory, "no *.yaml question files here")
+    return files
+
+
+def load_bank(directory: str | Path | None = None,
+              registry: Mapping[str, Callable] | None = None) -> dict[str, Chapter]:
+    """Every `*.yaml` in `directory` (default: the repository's quizzes/), keyed by chapter, ids unique."""
+    files = bank_files(directory)
     registry = default_registry() if registry is None else registry
     chapters: dict[str, Chapter] = {}
     owner: dict[str, Path] = {}

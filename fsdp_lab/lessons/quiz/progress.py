@@ -3,7 +3,10 @@
 [Note: never lose progress] A save writes a temporary file beside the target, fsyncs it and `os.replace`s it
 in, so a crash leaves either the old file or the new one. A file that cannot be read (not JSON, wrong shape,
 another schema version) is moved aside to `<name>.corrupt-<UTC time>` (`<name>.v<N>-<time>` for another
-version), the learner is told where it went, and a fresh file starts. Nothing is overwritten in place.
+version), the learner is told where it went, and a fresh file starts. Nothing is overwritten in place. Two
+quiz sittings that finish at once on one file both count: a save holds the file's lock while it re-reads the
+file, adds its attempt and writes it back. What is not a regular file, or is over READ_LIMIT, is refused and
+left where it is (see [Note: user-named files] in fsdp_lab.user_files).
 
 A class's progress files, gathered for the instructor: one row per learner × chapter.
 
@@ -17,8 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,8 +29,10 @@ import jsonschema
 
 from fsdp_lab.lessons.quiz.bank import load_schema
 from fsdp_lab.lessons.quiz.questions import ProgressFileError
+from fsdp_lab.user_files import FileRefused, MiB, locked, move_aside, printable, read_text, replace_text
 
 SCHEMA_VERSION = 1
+READ_LIMIT = 2 * MiB  # about 2,000 ten-question attempts; a bigger file is refused, not parsed
 
 
 def utc_now() -> datetime:
@@ -75,13 +78,15 @@ class Progress:
 def read_progress(path: Path) -> Progress:
     """Parse a progress file or raise ProgressFileError saying what is wrong (it never moves anything)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except IsADirectoryError:
-        raise ProgressFileError(path, "is a directory, not a progress file") from None
+        data = json.loads(read_text(path, READ_LIMIT))
     except UnicodeDecodeError as exc:
         raise ProgressFileError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise ProgressFileError(path, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+    except RecursionError:
+        raise ProgressFileError(path, "not a progress file (its JSON is nested too deeply to read)") from None
+    except ValueError as exc:  # an integer of thousands of digits: Python's int conversion limit
+        raise ProgressFileError(path, f"not a progress file ({exc})") from None
     version = data.get("schema_version") if isinstance(data, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version != SCHEMA_VERSION:
         raise ProgressFileError(path, f"schema_version is {version}, this fsdp-lab reads version {SCHEMA_VERSION}",
@@ -95,21 +100,6 @@ def read_progress(path: Path) -> Progress:
                                                         for a in data["attempts"]])
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temp file in the same directory, fsync, then os.replace over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class ProgressStore:
     """The progress file at `path`. `load` never raises for a bad file: it moves it aside and says so."""
 
@@ -119,13 +109,7 @@ class ProgressStore:
 
     def _aside(self, error: ProgressFileError) -> Path:
         stamp = self.clock().astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        tag = error.kind
-        target = self.path.with_name(f"{self.path.name}.{tag}-{stamp}")
-        n = 1
-        while target.exists():
-            target, n = self.path.with_name(f"{self.path.name}.{tag}-{stamp}-{n}"), n + 1
-        os.replace(self.path, target)
-        return target
+        return move_aside(self.path, f".{error.kind}-{stamp}")
 
     def load(self, learner: str | None = None) -> tuple[Progress, str | None]:
         """(progress, notice). notice is None unless a bad file was moved aside; it names both paths."""
@@ -143,18 +127,21 @@ class ProgressStore:
         return progress, None
 
     def save(self, progress: Progress) -> None:
-        write_atomic(self.path, json.dumps(progress.to_json(self.clock()), ensure_ascii=False, indent=1) + "\n")
+        """Replace the file with `progress` as it is; `record` is the way to add an attempt (it merges)."""
+        replace_text(self.path, json.dumps(progress.to_json(self.clock()), ensure_ascii=False, indent=1) + "\n")
 
     def record(self, attempt: Attempt, learner: str | None = None, replaces: Attempt | None = None) -> str | None:
-        """Append one attempt and save; returns the notice from loading (a moved-aside file), if any.
+        """Add one attempt to what the file holds now and save, under the file's lock, so attempts another
+        process saved meanwhile are kept; returns the notice from loading (a moved-aside file), if any.
         `replaces`: a partial attempt this one continued, removed so the sitting counts once."""
-        progress, notice = self.load(learner)
-        if replaces is not None:
-            progress.attempts = [a for a in progress.attempts
-                                 if (a.chapter, a.started, a.finished) != (replaces.chapter, replaces.started,
-                                                                          replaces.finished)]
-        progress.attempts.append(attempt)
-        self.save(progress)
+        with locked(self.path):
+            progress, notice = self.load(learner)
+            if replaces is not None:
+                progress.attempts = [a for a in progress.attempts
+                                     if (a.chapter, a.started, a.finished) != (replaces.chapter, replaces.started,
+                                                                              replaces.finished)]
+            progress.attempts.append(attempt)
+            self.save(progress)
         return notice
 
 
@@ -199,27 +186,46 @@ def rows_for(path: Path, root: Path | None = None) -> list[Row]:
     return rows
 
 
-def collect(directory: str | Path) -> tuple[list[Row], list[str]]:
-    """(rows, problems) for every *.json under `directory`; a problem is "<file>: <what is wrong>"."""
+def progress_files(directory: str | Path) -> list[Path]:
+    """Every *.json under `directory`, sorted: what `collect` reads (and so what an export must not overwrite)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise NotADirectoryError(f"{directory} is not a directory")
+        raise NotADirectoryError(f"{printable(str(directory))} is not a directory")
+    return sorted(directory.rglob("*.json"))
+
+
+def collect(directory: str | Path) -> tuple[list[Row], list[str]]:
+    """(rows, problems) for every *.json under `directory`; a problem is "<file>: <what is wrong>"."""
     rows: list[Row] = []
     problems: list[str] = []
-    for path in sorted(directory.rglob("*.json")):
+    for path in progress_files(directory):
         try:
-            rows += rows_for(path, directory)
-        except ProgressFileError as exc:
+            rows += rows_for(path, Path(directory))
+        except (ProgressFileError, FileRefused) as exc:
             problems.append(str(exc))
         except OSError as exc:
-            problems.append(f"{path}: cannot read: {exc}")
+            problems.append(f"{path}: cannot read: {exc.strerror or exc}")
     rows.sort(key=lambda r: (r.name, r.file, r.chapter))
     return rows, problems
 
 
+_FORMULA_START = ("=", "+", "-", "@")  # OWASP's other two, tab and CR, are escaped by `printable` already
+
+
+def spreadsheet_cell(value: str | float | int) -> str | float | int:
+    """A cell a spreadsheet shows as written and never evaluates (OWASP, "CSV Injection"): text starting with
+    a formula character gets a leading single quote, control characters are escaped, numbers stay numbers.
+    The writer quotes every text cell, so a comma or quote inside one cannot start another cell."""
+    if not isinstance(value, str):
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+    text = printable(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
 def write_csv(rows: list[Row], out: TextIO) -> None:
-    """CSV with a header row; scores as plain numbers (9.5, 10), one line per row ending in \\n."""
-    writer = csv.writer(out, lineterminator="\n")
+    """CSV with a header row, text cells quoted and neutralised (`spreadsheet_cell`), scores as plain numbers
+    (9.5, 10), one line per row ending in \\n."""
+    writer = csv.writer(out, lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC)
     writer.writerow(COLUMNS)
     for row in rows:
-        writer.writerow([format(v, "g") if isinstance(v, float) else v for v in astuple(row)])
+        writer.writerow([spreadsheet_cell(v) for v in astuple(row)])
