@@ -157,3 +157,32 @@ def test_the_stack_reader_keeps_the_learners_frames_only():
             '  File "/tmp/ipykernel_9/456.py", line 7 in <module>\n'
             '  File "/v/IPython/core/interactiveshell.py", line 3823 in run_code\n')
     assert stack_of_current_thread(dump).splitlines() == ["    cell, line 3 in f", "    cell, line 7 in <module>"]
+
+
+def test_a_kernel_killed_without_cleanup_leaves_no_ranks_behind(tmp_path):
+    """SIGKILL skips atexit: each engine's watchdog sees its parent go and ends itself and the controller."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "kernel.py"
+    script.write_text("import json, sys, time\n"
+                      "from fsdp_lab.lessons.live import Ranks\n"
+                      "r = Ranks(2, start_timeout_s=150).start()\n"
+                      "print(json.dumps(r.pids), flush=True)\n"
+                      "time.sleep(600)\n")
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        line = kernel.stdout.readline()  # bounded by the pytest timeout; Ranks.start has its own deadline
+        pids = json.loads(line)
+        assert len(alive(pids)) == 3
+    finally:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert alive(pids) == [], f"left running 60 s after the kernel died: {alive(pids)}"

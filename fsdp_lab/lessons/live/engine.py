@@ -55,10 +55,3 @@ def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: in
                             timeout=timedelta(seconds=timeout_s))
     return {"rank": rank, "pid": os.getpid()}
 
-
-def leave() -> None:
-    """Leave the process group cleanly (before a planned stop)."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()

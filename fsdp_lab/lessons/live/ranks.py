@@ -84,7 +84,9 @@ class Ranks:
         self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
                                     delay=0.1)
         try:
-            self._client = self._cluster.start_and_connect_sync()
+            self._cluster.start_cluster_sync()
+            self._client = self._cluster.connect_client_sync()
+            self._client.wait_for_engines(self.n, timeout=self.start_timeout_s, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:self.n]
             self._join(began)
         except BaseException:
@@ -111,13 +113,12 @@ class Ranks:
         return self
 
     def stop(self) -> None:
-        """Stop the engines and the controller, and make sure no process of theirs is left."""
+        """Stop the engines and the controller, and make sure no process of theirs is left.
+
+        The engines are killed outright: they hold nothing worth saving, and a rank stuck in a collective would
+        not answer a polite request anyway."""
         pids = list(self._pids) + self._launcher_pids()
-        if self._client is not None and self.state is RanksState.READY:
-            try:
-                self._client[:].apply_async(engine.leave).wait(5)
-            except Exception:  # a group that cannot leave cleanly is killed below anyway
-                pass
+        self._kill_engines()
         if self._client is not None:
             self._client.close()
         if self._cluster is not None:
@@ -262,6 +263,7 @@ class Ranks:
     def _finished(self, rank: int, ar) -> RankOutput:
         from ipyparallel.error import RemoteError
 
+        ar.wait_for_output(timeout=10)  # the reply can come before the last of the rank's printed output
         stdout, stderr = ar.stdout or "", ar.stderr or ""
         try:
             ar.get(timeout=1)
