@@ -41,7 +41,7 @@ def state_bytes(predicted: float, model, optimizer) -> Verdict:
             f"grads + {mem.optimizer_state:,} AdamW"
     measured = mem.total
     if _close(predicted, measured):
-        return Verdict(True, f"you predicted {predicted:,.0f} B; rank {model.rank} holds {measured:,} B = {parts}")
+        return Verdict(True, f"you predicted {predicted:,.0f} B; rank {model.rank} holds {measured:,} B\n  = {parts}")
     params, grads = mem.params_sharded + mem.params_unsharded, mem.grads_sharded + mem.grads_unsharded
     hints = [(measured * n, f"that is the whole model's state: each of the {n} ranks keeps only 1/{n} of it"),
              (params, "that is the parameters only: the gradients (4 B each) and AdamW's two moments (8 B) are "
@@ -50,8 +50,8 @@ def state_bytes(predicted: float, model, optimizer) -> Verdict:
              (params + mem.optimizer_state, "the gradients are missing: 4 B per parameter, kept after the step"),
              (measured / 2, "half of what the rank holds: AdamW keeps two moments, 4 B each")]
     why = next((text for value, text in hints if _close(predicted, value)), "")
-    return Verdict(False, f"you predicted {predicted:,.0f} B but rank {model.rank} holds {measured:,} B ({parts})"
-                          + (f": {why}" if why else ""))
+    return Verdict(False, f"you predicted {predicted:,.0f} B but rank {model.rank} holds {measured:,} B\n  = {parts}"
+                          + (f"\n  {why}" if why else ""))
 
 
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
@@ -154,9 +154,9 @@ def wrapped_units(model, block_cls: type) -> Verdict:
     if sorted(n for n in names if n != ROOT) == sorted(blocks):
         return Verdict(True, f"{len(blocks)} {block_cls.__name__} units and the root: {', '.join(names)}")
     inside = [n for n in names if n != ROOT and n not in blocks]
-    return Verdict(False, f"the units are {names}, not one per {block_cls.__name__} ({blocks})"
-                          + (f": {inside} are not {block_cls.__name__}s; a size policy cuts wherever the count "
-                             f"runs over" if inside else ""))
+    return Verdict(False, f"the units are {', '.join(names)}, not one per {block_cls.__name__}"
+                          + (f"\n  {', '.join(inside)}: not {block_cls.__name__}s, so each block's forward gathers "
+                             f"more than once" if inside else ""))
 
 
 def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank: int) -> Verdict:
@@ -205,8 +205,11 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
         return Verdict(False, "a trace has no bytes for step 0: trace one step of each model")
     measured = f / d
     if _close(ratio, measured, 1e-3):
-        return Verdict(True, f"FULL_SHARD sent {f:,} B, NO_SHARD {d:,} B: {measured:.3f}×, below the article's "
-                             f"1.5 because the root unit is not re-gathered in backward")
+        gathered = {e["unit"] for e in fsdp_events if e["event"] == "gather_end" and e["step"] == 0}
+        regathered = {e["unit"] for e in fsdp_events if e["event"] == "regather_end" and e["step"] == 0}
+        why = (f"\n  not 1.5: {len(regathered)} of the {len(gathered)} gathered units were re-gathered in backward "
+               f"({', '.join(sorted(gathered - regathered))} stayed gathered)" if gathered - regathered else "")
+        return Verdict(True, f"FULL_SHARD sent {f:,} B, NO_SHARD {d:,} B: {measured:.3f}×{why}")
     if _close(ratio, 1 / measured, 1e-3):
         return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")

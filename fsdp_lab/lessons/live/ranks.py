@@ -117,7 +117,7 @@ class Ranks:
 
         The engines are killed outright: they hold nothing worth saving, and a rank stuck in a collective would
         not answer a polite request anyway."""
-        pids = list(self._pids) + self._launcher_pids()
+        pids = self.all_pids()
         self._kill_engines()
         if self._client is not None:
             self._client.close()
@@ -132,8 +132,12 @@ class Ranks:
 
     @property
     def pids(self) -> list:
-        """Every process this handle started: the engines (rank order) then the controller."""
+        """The processes this handle started: the engines (rank order), then the controller."""
         return list(self._pids) + [p for p in self._launcher_pids() if p not in self._pids]
+
+    def all_pids(self) -> list:
+        """`pids` and everything they started in turn (the controller's schedulers, each engine's nanny)."""
+        return _with_descendants(self.pids)
 
     # -- running cells ---------------------------------------------------------------------------------------
     def run(self, code: str, timeout_s: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> CellRun:
@@ -298,7 +302,7 @@ class Ranks:
         return stack_of_current_thread(dump)
 
     def _kill_engines(self) -> None:
-        _kill([p for p in self._pids] + [launcher.pid for launcher in self._launchers()])
+        _kill(_with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
 
 
 _CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
@@ -319,6 +323,18 @@ def stack_of_current_thread(dump: str, frames: int = 4) -> str:
             break
         out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
     return "\n".join(out[:frames])
+
+
+def _with_descendants(pids: list) -> list:
+    import psutil
+
+    out = list(dict.fromkeys(pids))
+    for pid in pids:
+        try:
+            out += [c.pid for c in psutil.Process(pid).children(recursive=True) if c.pid not in out]
+        except psutil.NoSuchProcess:
+            continue
+    return out
 
 
 def _kill(pids: list) -> None:
