@@ -74,7 +74,7 @@ def say_everything(rank: int, world_size: int) -> dict:
                     "size": str(checks.wrapped_units(FSDP(build_gpt("tiny"), auto_wrap_policy=small), Block))}
     grads = [torch.arange(8.0) * (r + 1) for r in range(world_size)]
     summed = torch.empty(8 // world_size)
-    dist.reduce_scatter_tensor(summed, grads[rank].clone())
+    dist.reduce_scatter(summed, list(grads[rank].chunk(world_size)))
     out["rs"] = {"right": str(checks.reduce_scatter_mean(summed / world_size, grads, rank)),
                  "sum": str(checks.reduce_scatter_mean(summed, grads, rank)),
                  "own": str(checks.reduce_scatter_mean(grads[rank][rank * 4:(rank + 1) * 4], grads, rank))}

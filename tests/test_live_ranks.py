@@ -137,8 +137,10 @@ def test_stop_leaves_no_process_and_a_stopped_handle_refuses_cells():
     handle = Ranks(2, start_timeout_s=150).start()
     pids = handle.all_pids()
     assert len(handle.pids) == 3 and len(alive(pids)) == len(pids) > 3  # 2 engines, the controller, their helpers
+    trace_dir = handle.trace_dir
+    assert trace_dir.is_dir()
     handle.stop()
-    assert alive(pids) == [] and handle.state is RanksState.STOPPED
+    assert alive(pids) == [] and handle.state is RanksState.STOPPED and not trace_dir.exists()
     with pytest.raises(RanksFailed, match="not running"):
         handle.run("print(1)")
 

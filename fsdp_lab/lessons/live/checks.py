@@ -176,7 +176,7 @@ def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank:
     own = grads[rank].float()[rank * size:(rank + 1) * size]
     if torch.allclose(mine, own):
         return Verdict(False, "that is your own gradient's slice: no rank's contribution was added (call "
-                              "dist.reduce_scatter_tensor)")
+                              "dist.reduce_scatter)")
     for k in range(n):
         if k != rank and torch.allclose(mine, total[k * size:(k + 1) * size] / n):
             return Verdict(False, f"that is chunk {k}'s mean: rank {rank} keeps chunk {rank}")

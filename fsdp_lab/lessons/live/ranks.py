@@ -21,6 +21,7 @@ import enum
 import logging
 import os
 import re
+import shutil
 import signal
 import tempfile
 import time
@@ -66,8 +67,8 @@ class Ranks:
         self._client = None
         self._engine_ids: list = []  # rank → ipyparallel engine id
         self._pids: list = []  # rank → engine process id
-        self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
-        self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
+        self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
+        self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
 
     def __repr__(self) -> str:
         why = f" ({self.broken_because.splitlines()[0]})" if self.broken_because else ""
@@ -81,6 +82,8 @@ class Ranks:
         if self.state is not RanksState.STOPPED:
             raise RuntimeError(f"{self!r} is already started: call restart() or stop() first")
         began = time.monotonic()
+        self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
+        self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
         self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
                                     delay=0.1)
         try:
@@ -129,6 +132,9 @@ class Ranks:
         self._cluster = self._client = None
         self._engine_ids, self._pids = [], []
         self.state, self.broken_because = RanksState.STOPPED, ""
+        for directory in (self._stack_dir, self.trace_dir):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
 
     @property
     def pids(self) -> list:
@@ -181,7 +187,8 @@ class Ranks:
         if text:
             print(text)
         if not run.ok:
-            advice = (f"\nThe process group is broken: run `ranks.restart()` for {self.n} fresh ranks."
+            advice = (f"\nThe process group is broken: call restart() on the ranks (what live.start() returned) "
+                      f"for {self.n} fresh ones."
                       if run.broke_the_group else "")
             raise RanksFailed(run.failures() + advice, run)
         return run
@@ -201,9 +208,9 @@ class Ranks:
     def _require_ready(self) -> None:
         if self.state is RanksState.BROKEN:
             raise RanksFailed(f"the ranks are broken since an earlier cell:\n{self.broken_because}\n"
-                              f"Run `ranks.restart()` for {self.n} fresh ranks.")
+                              f"Call restart() on the ranks (what live.start() returned) for {self.n} fresh ones.")
         if self.state is not RanksState.READY:
-            raise RanksFailed("the ranks are not running: call `ranks.start()` (or fsdp_lab.lessons.live.start())")
+            raise RanksFailed("the ranks are not running: call start() on them, or fsdp_lab.lessons.live.start()")
 
     def _join(self, began: float) -> None:
         """Every engine joins one fresh gloo group; ranks follow engine ids."""
