@@ -112,6 +112,24 @@ def test_a_rank_that_hangs_is_reported_by_rank_and_line_within_the_timeout(ranks
     assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
 
 
+def test_interrupting_the_cell_interrupts_the_ranks_and_asks_for_a_restart(ranks):
+    """The notebook's stop button raises KeyboardInterrupt in the kernel: the ranks are interrupted as well."""
+    import os
+    import signal
+    import threading
+
+    timer = threading.Timer(3.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ranks.run("import time\ntime.sleep(600)", timeout_s=120)
+    finally:
+        timer.cancel()
+    assert ranks.state is RanksState.BROKEN and "interrupted while rank(s) [0, 1]" in ranks.broken_because
+    ranks.restart()
+    assert ranks.run("print(rank)").ok
+
+
 def test_a_rank_that_dies_is_reported_with_its_exit_code(ranks):
     run = ranks.run("import os\nif rank == 0:\n    os._exit(7)\nprint('still here')", timeout_s=30)
     assert run.by_rank(0).status is RankStatus.DIED

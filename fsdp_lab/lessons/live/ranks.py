@@ -157,6 +157,25 @@ class Ranks:
         pending = {r: self._client[self._engine_ids[r]].execute(code, silent=False, block=False) for r in targets}
         done: dict = {}
         deadline = time.monotonic() + timeout_s
+        try:
+            self._wait(pending, done, deadline)
+        except KeyboardInterrupt:  # the notebook's ■: interrupt the ranks too, and say the group needs a restart
+            for r in pending:
+                _signal(self._pids[r], signal.SIGINT)
+            self.state = RanksState.BROKEN
+            self.broken_because = f"the cell was interrupted while rank(s) {sorted(pending)} were running it"
+            raise
+        for r, ar in pending.items():
+            done[r] = RankOutput(r, RankStatus.HUNG, stdout=ar.stdout or "", stderr=ar.stderr or "",
+                                 where=self._where(r))
+        run = CellRun([done[r] for r in targets], timeout_s)
+        if run.broke_the_group:
+            self.state = RanksState.BROKEN
+            self.broken_because = run.failures()
+        return run
+
+    def _wait(self, pending: dict, done: dict, deadline: float) -> None:
+        """Move each rank from `pending` to `done` as it finishes, raises or dies, until `deadline`."""
         while pending and time.monotonic() < deadline:
             for r, ar in list(pending.items()):
                 exit_code = self._exit_code(r)
@@ -170,14 +189,6 @@ class Ranks:
                     continue
                 del pending[r]
             time.sleep(_POLL_S)
-        for r, ar in pending.items():
-            done[r] = RankOutput(r, RankStatus.HUNG, stdout=ar.stdout or "", stderr=ar.stderr or "",
-                                 where=self._where(r))
-        run = CellRun([done[r] for r in targets], timeout_s)
-        if run.broke_the_group:
-            self.state = RanksState.BROKEN
-            self.broken_because = run.failures()
-        return run
 
     def run_or_raise(self, code: str, timeout_s: Optional[float] = None,
                      ranks: Optional[Sequence[int]] = None) -> CellRun:
@@ -297,10 +308,9 @@ class Ranks:
         """The innermost frames of rank's main thread, from its faulthandler (empty if it cannot say)."""
         path = self._stack_dir / f"rank{rank}.txt"
         before = path.stat().st_size if path.exists() else 0
-        try:
-            os.kill(self._pids[rank], engine.STACK_SIGNAL)
-        except ProcessLookupError:
+        if not _running(self._pids[rank]):
             return ""
+        _signal(self._pids[rank], engine.STACK_SIGNAL)
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and (not path.exists() or path.stat().st_size == before):
             time.sleep(_POLL_S)
@@ -330,6 +340,22 @@ def stack_of_current_thread(dump: str, frames: int = 4) -> str:
             break
         out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
     return "\n".join(out[:frames])
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def _with_descendants(pids: list) -> list:
