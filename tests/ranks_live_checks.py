@@ -56,8 +56,9 @@ def say_everything(rank: int, world_size: int) -> dict:
     out["beats"] = {"right": str(checks.beat_order(order, events, "FULL_SHARD")),
                     "wrong": str(checks.beat_order(no_free, events, "FULL_SHARD"))}
     out["mp"] = {"none": str(checks.mixed_precision(model))}
-    for name, policy in {"right": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
-                         "bf16 reduce": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}.items():
+    policies = {"right": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+                "bf16 reduce": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)}
+    for name, policy in policies.items():
         out["mp"][name] = str(checks.mixed_precision(FSDP(build_gpt("tiny"), mixed_precision=policy)))
     zero2 = FSDP(build_gpt("tiny"), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
                  auto_wrap_policy=ModuleWrapPolicy({Block}))

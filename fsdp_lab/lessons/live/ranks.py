@@ -14,6 +14,11 @@ on), and every later cell refuses to run until `restart()`.
 
 Each engine's namespace starts with `rank`, `world_size` and `trace_dir` (a fresh directory for this handle's
 trace files, fsdp_lab.observe.trace.rank_file(trace_dir, rank)).
+
+[Note: what start-up costs] `startup_s` records it. On a 2-core machine shared with other test runs (load
+average 3 to 15) two ranks took 9 to 20 s, four ranks 20 s: about 2 s for the controller, most of the rest for
+the engines' own start (IPython, zmq, registration) and each engine's `import torch`. That is why a notebook
+starts its ranks once and keeps them, and why `restart()` keeps the controller.
 """
 from __future__ import annotations
 
