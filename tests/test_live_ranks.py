@@ -7,6 +7,7 @@ deadlines here are generous, and the assertions check what was reported, not how
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -191,13 +192,13 @@ def test_a_kernel_killed_without_cleanup_leaves_no_ranks_behind(tmp_path):
     script.write_text("import json, sys, time\n"
                       "from fsdp_lab.lessons.live import Ranks\n"
                       "r = Ranks(2, start_timeout_s=150).start()\n"
-                      "print(json.dumps(r.all_pids()), flush=True)\n"
+                      "print(json.dumps([r.all_pids(), str(r.trace_dir)]), flush=True)\n"
                       "time.sleep(600)\n")
     kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     try:
         line = kernel.stdout.readline()  # bounded by the pytest timeout; Ranks.start has its own deadline
-        pids = json.loads(line)
+        pids, trace_dir = json.loads(line)
         assert len(alive(pids)) == len(pids) > 3
     finally:
         kernel.send_signal(signal.SIGKILL)
@@ -206,3 +207,4 @@ def test_a_kernel_killed_without_cleanup_leaves_no_ranks_behind(tmp_path):
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert alive(pids) == [], f"left running 60 s after the kernel died: {alive(pids)}"
+    assert not Path(trace_dir).exists(), "the ranks' temporary directory outlived the kernel"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import signal
 import threading
 import time
@@ -23,25 +24,28 @@ from datetime import timedelta
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def _watch_parent(parent_pid: int, controller_pid: int, poll_s: float) -> None:
+def _watch_parent(parent_pid: int, controller_pid: int, leftovers: tuple, poll_s: float) -> None:
     while os.getppid() == parent_pid:
         time.sleep(poll_s)
-    try:  # the kernel is gone: take the controller with us (the first engine to notice does it)
+    try:  # the kernel is gone: take the controller and the handle's temporary directories with us
         os.kill(controller_pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         pass
+    for directory in leftovers:
+        shutil.rmtree(directory, ignore_errors=True)
     os._exit(70)
 
 
 def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: int, controller_pid: int,
-         stack_file: str, threads: int = 1) -> dict:
-    """Join the gloo group as `rank`; return what the kernel needs to watch this engine (its pid)."""
+         stack_file: str, threads: int = 1, leftovers: tuple = ()) -> dict:
+    """Join the gloo group as `rank`; return what the kernel needs to watch this engine (its pid). `leftovers`:
+    directories to remove if the kernel dies without stopping the ranks."""
     import torch
     import torch.distributed as dist
 
     if os.getppid() != parent_pid:
         raise RuntimeError(f"engine's parent is pid {os.getppid()}, not the kernel's {parent_pid}")
-    watchdog = threading.Thread(target=_watch_parent, args=(parent_pid, controller_pid, 0.5),
+    watchdog = threading.Thread(target=_watch_parent, args=(parent_pid, controller_pid, tuple(leftovers), 0.5),
                                 name="fsdp-lab-kernel-watchdog", daemon=True)
     watchdog.start()
     handle = open(stack_file, "w", encoding="utf-8")  # kept open for the engine's life: faulthandler writes here

@@ -239,7 +239,7 @@ class Ranks:
         controller = self._cluster.controller.process.pid
         calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
                                                controller, str(self._stack_dir / f"rank{rank}.txt"),
-                                               self.threads_per_rank)
+                                               self.threads_per_rank, (str(self._stack_dir), str(self.trace_dir)))
                  for rank, eid in enumerate(self._engine_ids)]
         for rank, call in enumerate(calls):
             remaining = self.start_timeout_s - (time.monotonic() - began)
