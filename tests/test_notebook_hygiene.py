@@ -50,11 +50,18 @@ def test_key_terms_in_chinese_and_check_yourself_at_the_end(notebook):
     assert headings and "check yourself" in headings[-1].lower(), f"{path.name}: last heading {headings[-1:]}"
 
 
+PLOT_CALL = r"\.(plot|bar|barh|scatter|step|fill_between)\((?!\))"  # opt.step() is an optimizer, not a plot
+
+
+def test_the_plot_detector_skips_optimizer_steps():
+    assert re.search(PLOT_CALL, "ax.step(t, y, where='post')") and not re.search(PLOT_CALL, "opt.step()")
+
+
 def test_every_plot_has_axis_labels_with_units(notebook):
     path, nb = notebook
     for cell in nb["cells"]:
         src = "".join(cell["source"])
-        if cell["cell_type"] != "code" or not re.search(r"\.(plot|bar|barh|scatter|step|fill_between)\(", src):
+        if cell["cell_type"] != "code" or not re.search(PLOT_CALL, src):
             continue
         labels = re.findall(r"(?:set_[xy]label|[xy]label)\(\s*[rf]?[\"']([^\"']*)", src)
         assert labels, f"{path.name}: a plotting cell without axis labels:\n{src[:300]}"
@@ -201,3 +208,53 @@ def test_the_package_figures_label_their_axes_with_units(module):
     if re.search(r"\.(plot|bar|barh|step|fill_between)\(", src):
         assert labels, f"{module.name} draws without axis labels"
     assert all("(" in label for label in labels if label.strip()), f"{module.name}: labels without units {labels}"
+
+
+# -- hands on: the learner's own FSDP code on live ranks (fsdp_lab.lessons.live) ----------------------------------
+LIVE_CHAPTERS = CHAPTERS[1:]
+
+
+def _printed(cell) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o["output_type"] == "stream")
+
+
+@pytest.mark.parametrize("number", LIVE_CHAPTERS)
+def test_every_chapter_has_the_learner_write_fsdp_on_live_ranks(number):
+    """A `%%ranks` cell that calls FSDP(...) itself, run with both ranks' output stored; the ranks are started
+    in the notebook and stopped before the chapter ends."""
+    path = _chapter(number)
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    code = [(i, c, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    starts = [i for i, _c, src in code if re.search(r"\blive\.start\(", src)]
+    stops = [i for i, _c, src in code if re.search(r"\blive_ranks\.stop\(\)", src)]
+    learner = [(i, c) for i, c, src in code if src.startswith("%%ranks") and re.search(r"\bFSDP\(", src)]
+    assert starts and learner and stops, f"{path.name}: start {starts}, %%ranks cells with FSDP( {len(learner)}, " \
+                                         f"stop {stops}"
+    assert starts[0] < learner[0][0] and stops[-1] > learner[-1][0], f"{path.name}: start, learner cells, stop"
+    for i, cell in learner:
+        printed = _printed(cell)
+        for rank in (0, 1):
+            assert f"[rank {rank}] " in printed, f"{path.name} cell {i}: no output from rank {rank}:\n{printed[:300]}"
+
+
+@pytest.mark.parametrize("number", LIVE_CHAPTERS)
+def test_every_chapter_has_an_exercise_checked_on_the_live_ranks(number):
+    path = _chapter(number)
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    checked = [c for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("%%ranks")
+               and re.search(r"\bchecks\.\w+\(", "".join(c["source"]))]
+    assert checked, f"{path.name}: no %%ranks cell runs a fsdp_lab.lessons.live.checks check"
+    printed = _printed(checked[-1])
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank {rank}\] ok: ", printed, re.M), f"{path.name}: rank {rank}'s check: {printed}"
+
+
+def test_the_chapters_link_the_exercise_files_and_every_file_is_linked():
+    linked = set()
+    for number in LIVE_CHAPTERS:
+        nb = json.loads(_chapter(number).read_text(encoding="utf-8"))
+        markdown = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        linked |= set(re.findall(r"\]\(\.\./course/exercises/(ex\d\d_\w+\.py)\)", markdown))
+    files = {p.name for p in (REPO / "course" / "exercises").glob("ex*.py")}
+    assert linked and linked <= files, f"links to missing exercise files: {sorted(linked - files)}"
+    assert files <= linked, f"exercise files no chapter links: {sorted(files - linked)}"

@@ -1,0 +1,215 @@
+"""Checks for the chapters' "Your turn" exercises: run on each live rank against the learner's own model, trace or
+numbers, and say what is wrong, not only that something is.
+
+Each returns a Verdict, which prints as "ok: ..." or "not yet: ...". The pure-Python versions of several of these
+exercises are in course/exercises/ (ex01 memory, ex02 sharding, ex03 lifecycle); these checks compare the same
+functions with the live run instead of with recorded numbers.
+"""
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from fsdp_lab.runtime.memory import memory_report
+
+ROOT = "<root>"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    message: str
+
+    def __str__(self) -> str:
+        return ("ok: " if self.ok else "not yet: ") + self.message
+
+    __repr__ = __str__
+
+
+def _close(a: float, b: float, rel: float = 0.01) -> bool:
+    return abs(a - b) <= rel * max(abs(b), 1)
+
+
+def state_bytes(predicted: float, model, optimizer) -> Verdict:
+    """`predicted`: the bytes of parameters, gradients and optimizer state one rank holds after a step."""
+    mem = memory_report(model, optimizer)
+    n = model.world_size
+    parts = f"{mem.params_sharded + mem.params_unsharded:,} params + {mem.grads_sharded + mem.grads_unsharded:,} " \
+            f"grads + {mem.optimizer_state:,} AdamW"
+    measured = mem.total
+    if _close(predicted, measured):
+        return Verdict(True, f"you predicted {predicted:,.0f} B; rank {model.rank} holds {measured:,} B\n  = {parts}")
+    params, grads = mem.params_sharded + mem.params_unsharded, mem.grads_sharded + mem.grads_unsharded
+    hints = [(measured * n, f"that is the whole model's state: each of the {n} ranks keeps only 1/{n} of it"),
+             (params, "that is the parameters only: the gradients (4 B each) and AdamW's two moments (8 B) are "
+                      "sharded too"),
+             (params + grads, "AdamW's two moments are missing: 8 B per parameter"),
+             (params + mem.optimizer_state, "the gradients are missing: 4 B per parameter, kept after the step"),
+             (measured / 2, "half of what the rank holds: AdamW keeps two moments, 4 B each")]
+    why = next((text for value, text in hints if _close(predicted, value)), "")
+    return Verdict(False, f"you predicted {predicted:,.0f} B but rank {model.rank} holds {measured:,} B\n  = {parts}"
+                          + (f"\n  {why}" if why else ""))
+
+
+def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
+    """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer."""
+    for unit in model.units:
+        for flat in unit.flats:
+            want = (flat.shard_offset, flat.shard_offset + flat.shard_numel)
+            try:
+                got = tuple(fn(flat.numel, flat.world_size, flat.rank))
+            except NotImplementedError:
+                return Verdict(False, "shard_range is not written yet")
+            if got == want:
+                continue
+            where = f"unit {unit.name} ({flat.numel:,} elements on {flat.world_size} ranks)"
+            if len(got) != 2:
+                return Verdict(False, f"{where}: shard_range must return (start, stop), got {got!r}")
+            if got[1] - got[0] != flat.shard_numel:
+                why = (f"every chunk has padded_size / n = {flat.padded_numel:,} / {flat.world_size} = "
+                       f"{flat.shard_numel:,} elements (the padding counts)")
+            else:
+                why = f"the chunk has the right size but starts at the wrong place: rank r starts at r · " \
+                      f"{flat.shard_numel:,}"
+            return Verdict(False, f"{where}: you say rank {flat.rank} holds [{got[0]:,}, {got[1]:,}), its shard "
+                                  f"is [{want[0]:,}, {want[1]:,}); {why}")
+    return Verdict(True, f"rank {model.rank}'s chunk of every unit is where you said it is")
+
+
+_BEAT_EVENTS = {"gather_start": "gather", "regather_start": "regather", "free": "free",
+                "reduce_scatter": "reduce_scatter"}
+
+
+def beats_of_step(events: Sequence[dict], rank: int, step: int) -> list:
+    """(event, unit) of `rank`'s gathers, re-gathers, frees and reduce-scatters in one step, in trace order."""
+    return [(_BEAT_EVENTS[e["event"]], e["unit"]) for e in events
+            if e["rank"] == rank and e["step"] == step and e["event"] in _BEAT_EVENTS]
+
+
+def beat_order(fn: Callable[[list, str], list], events: Sequence[dict], strategy: str) -> Verdict:
+    """`fn(blocks, strategy) -> [(event, unit), ...]`: one step's beats, compared with the learner's own trace."""
+    if not events:
+        return Verdict(False, "the trace is empty: attach the tracer before the training step")
+    rank, step = events[0]["rank"], max(e["step"] for e in events if e["event"] != "optimizer_step")
+    want = beats_of_step(events, rank, step)
+    blocks = list(dict.fromkeys(u for _e, u in want if u != ROOT))
+    try:
+        got = [tuple(pair) for pair in fn(blocks, strategy)]
+    except NotImplementedError:
+        return Verdict(False, "step_events is not written yet")
+    if got == want:
+        return Verdict(True, f"{len(want)} beats of step {step} on rank {rank}, in the order the trace has them")
+    k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    said = ":".join(got[k]) if k < len(got) else "nothing more"
+    happened = ":".join(want[k]) if k < len(want) else "nothing more"
+    order = textwrap.wrap(" ".join(f"{e}:{u}" for e, u in want), 90)
+    return Verdict(False, f"beat {k + 1} of step {step}: you say {said}, rank {rank}'s trace has {happened}.\n"
+                          f"The trace's order:\n  " + "\n  ".join(order))
+
+
+def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32) -> Verdict:
+    """The chapter's policy: gather and compute in `param_dtype`, reduce in `reduce_dtype`, fp32 master shards."""
+    ctx = model._ctx
+    masters = {flat.shard.dtype for unit in model.units for flat in unit.flats}
+    if ctx.mixed_precision is None:
+        return Verdict(False, "no mixed_precision was passed: the all-gather carries float32, 4 B per element")
+    if ctx.compute_dtype != param_dtype:
+        return Verdict(False, f"the gathered parameters are {ctx.compute_dtype}, not {param_dtype}: set "
+                              f"MixedPrecision(param_dtype={param_dtype})")
+    if ctx.reduce_dtype != reduce_dtype:
+        return Verdict(False, f"gradients are reduced in {ctx.reduce_dtype}, not {reduce_dtype}: set "
+                              f"reduce_dtype={reduce_dtype}")
+    if masters != {torch.float32}:
+        return Verdict(False, f"the shards (the master weights) are {sorted(map(str, masters))}: keep them in "
+                              f"float32 and let the policy cast the copy it gathers")
+    return Verdict(True, f"rank {model.rank} gathers {param_dtype}, reduces in {reduce_dtype}, keeps fp32 shards")
+
+
+def gathered_after_forward(predicted: float, report, model) -> Verdict:
+    """`predicted`: params_unsharded bytes right after the forward (`report`: memory_report then)."""
+    measured = report.params_unsharded
+    if _close(predicted, measured):
+        return Verdict(True, f"{measured:,} B of gathered parameters wait for the backward under "
+                             f"{model.sharding_strategy.name}")
+    full = sum(4 * flat.padded_numel for unit in model.units for flat in unit.flats)
+    root = sum(4 * flat.padded_numel for unit in model.units if unit.is_root for flat in unit.flats)
+    hints = [(full / model.world_size, "that is a shard: the gathered copy is the whole unit, every rank's chunk"),
+             (root, "that is the root alone, what FULL_SHARD keeps; this strategy frees nothing after forward"),
+             (full, "that is every unit gathered, which is what SHARD_GRAD_OP keeps; is this model FULL_SHARD?")]
+    why = next((text for value, text in hints if _close(predicted, value) and not _close(value, measured)), "")
+    return Verdict(False, f"you predicted {predicted:,.0f} B but {measured:,} B are gathered after the forward "
+                          f"under {model.sharding_strategy.name}" + (f": {why}" if why else ""))
+
+
+def wrapped_units(model, block_cls: type) -> Verdict:
+    """One unit per `block_cls` plus the root: the granularity the chapter asks for."""
+    names = [u.name for u in model.units]
+    blocks = [name for name, m in model.module.named_modules() if isinstance(m, block_cls)]
+    if names == [ROOT]:
+        return Verdict(False, f"one unit holds the whole model, so forward gathers all of it at once: pass an "
+                              f"auto_wrap_policy that wraps each {block_cls.__name__}")
+    if sorted(n for n in names if n != ROOT) == sorted(blocks):
+        return Verdict(True, f"{len(blocks)} {block_cls.__name__} units and the root: {', '.join(names)}")
+    inside = [n for n in names if n != ROOT and n not in blocks]
+    return Verdict(False, f"the units are {', '.join(names)}, not one per {block_cls.__name__}"
+                          + (f"\n  {', '.join(inside)}: not {block_cls.__name__}s, so each block's forward gathers "
+                             f"more than once" if inside else ""))
+
+
+def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank: int) -> Verdict:
+    """`mine`: this rank's chunk of the average of every rank's gradient (`grads`: each rank's full gradient)."""
+    n = len(grads)
+    total = torch.stack([g.float() for g in grads]).sum(0)
+    size = total.numel() // n
+    want = total[rank * size:(rank + 1) * size] / n
+    mine = mine.float().flatten()
+    if mine.numel() != size:
+        return Verdict(False, f"your chunk has {mine.numel()} elements; each rank keeps 1/{n}: {size}")
+    if torch.allclose(mine, want):
+        return Verdict(True, f"rank {rank} holds the mean of chunk {rank}: {[round(v, 3) for v in want.tolist()]}")
+    if torch.allclose(mine, want * n):
+        return Verdict(False, f"that is the sum of the ranks' chunks: divide by world_size={n} (gloo's "
+                              f"reduce-scatter has no AVG)")
+    own = grads[rank].float()[rank * size:(rank + 1) * size]
+    if torch.allclose(mine, own):
+        return Verdict(False, "that is your own gradient's slice: no rank's contribution was added (call "
+                              "dist.reduce_scatter)")
+    for k in range(n):
+        if k != rank and torch.allclose(mine, total[k * size:(k + 1) * size] / n):
+            return Verdict(False, f"that is chunk {k}'s mean: rank {rank} keeps chunk {rank}")
+    return Verdict(False, f"rank {rank} should hold {want.tolist()}, you have {mine.tolist()}")
+
+
+def same_losses(a: Sequence[float], b: Sequence[float], what: str = "FULL_SHARD and NO_SHARD") -> Verdict:
+    """Two runs of the same model on the same batches: the losses agree to float32 rounding."""
+    if len(a) != len(b) or not a:
+        return Verdict(False, f"{len(a)} losses against {len(b)}: train both for the same number of steps")
+    worst = max(range(len(a)), key=lambda i: abs(a[i] - b[i]))
+    gap = abs(a[worst] - b[worst])
+    if gap <= 1e-5 * max(1.0, abs(a[worst])):
+        return Verdict(True, f"{what} agree on all {len(a)} losses (largest gap {gap:.1e})")
+    return Verdict(False, f"{what} differ at step {worst}: {a[worst]:.6f} against {b[worst]:.6f}; did both start "
+                          f"from build_gpt's seeded weights and train on the same batches?")
+
+
+def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[dict]) -> Verdict:
+    """`ratio`: bytes one rank sent in a FULL_SHARD step over those it sent in a NO_SHARD step (traces of step 0)."""
+    def sent(events):
+        return sum(e["bytes_sent"] for e in events if e["step"] == 0)
+
+    f, d = sent(fsdp_events), sent(ddp_events)
+    if not f or not d:
+        return Verdict(False, "a trace has no bytes for step 0: trace one step of each model")
+    measured = f / d
+    if _close(ratio, measured, 1e-3):
+        gathered = {e["unit"] for e in fsdp_events if e["event"] == "gather_end" and e["step"] == 0}
+        regathered = {e["unit"] for e in fsdp_events if e["event"] == "regather_end" and e["step"] == 0}
+        why = (f"\n  not 1.5: {len(regathered)} of the {len(gathered)} gathered units were re-gathered in backward "
+               f"({', '.join(sorted(gathered - regathered))} stayed gathered)" if gathered - regathered else "")
+        return Verdict(True, f"FULL_SHARD sent {f:,} B, NO_SHARD {d:,} B: {measured:.3f}×{why}")
+    if _close(ratio, 1 / measured, 1e-3):
+        return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
+    return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")

@@ -1,0 +1,393 @@
+"""Ranks that live across notebook cells: ipyparallel engines, each one a gloo rank of one process group.
+
+    ranks = Ranks(2).start()          # a controller and 2 engines; every engine joins the gloo group
+    ranks.run("print(rank)")          # → CellRun: each rank's output, and how each ended
+    ranks.pull("loss")                # [value on rank 0, value on rank 1]
+    ranks.restart()                   # fresh engines and a fresh group (after a death or a hang)
+    ranks.stop()                      # nothing left running
+
+Every wait has a deadline: start-up (`start_timeout_s`), each cell (`timeout_s`), the group's collectives
+(`group_timeout_s`). A rank that raises is reported with its traceback and the others keep their state. A rank
+that dies, or is still running at the deadline, breaks the group ([Note: one process group per engine lifetime]
+in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
+on), and every later cell refuses to run until `restart()`.
+
+Each engine's namespace starts with `rank`, `world_size` and `trace_dir` (a fresh directory for this handle's
+trace files, fsdp_lab.observe.trace.rank_file(trace_dir, rank)).
+
+[Note: what start-up costs] `startup_s` records it. On a 2-core machine shared with other test runs (load
+average 3 to 15) two ranks took 9 to 20 s, four ranks 20 s: about 2 s for the controller, most of the rest for
+the engines' own start (IPython, zmq, registration) and each engine's `import torch`. That is why a notebook
+starts its ranks once and keeps them, and why `restart()` keeps the controller.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import fsdp_lab
+from fsdp_lab.lessons.live import engine
+from fsdp_lab.lessons.live.outcome import CellRun, RankOutput, RanksFailed, RankStatus, plain
+from fsdp_lab.training.launch import free_port
+
+_POLL_S = 0.05
+_TRACEBACK_LINES = 12
+
+
+class RanksState(enum.Enum):
+    """Where the handle is. Only READY runs cells."""
+
+    STOPPED = "stopped"  # no engines (before start, after stop)
+    READY = "ready"  # every engine is a rank of one healthy group
+    BROKEN = "broken"  # a rank died or hung: the group is unusable until restart()
+
+
+def _tail(text: str, n: int) -> str:
+    lines = plain(text).rstrip().splitlines()
+    return "\n".join(lines[-n:])
+
+
+class Ranks:
+    def __init__(self, n: int = 2, *, timeout_s: float = 60.0, start_timeout_s: float = 120.0,
+                 group_timeout_s: float = 60.0, threads_per_rank: int = 1):
+        if n < 1:
+            raise ValueError(f"the number of ranks must be >= 1, got {n}")
+        if min(timeout_s, start_timeout_s, group_timeout_s) <= 0:
+            raise ValueError(f"timeouts must be positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
+                             f" group_timeout_s={group_timeout_s}")
+        self.n, self.timeout_s, self.start_timeout_s = n, timeout_s, start_timeout_s
+        self.group_timeout_s, self.threads_per_rank = group_timeout_s, threads_per_rank
+        self.state = RanksState.STOPPED
+        self.broken_because = ""
+        self.startup_s: Optional[float] = None  # seconds the last start()/restart() took, measured
+        self._cluster = None
+        self._client = None
+        self._engine_ids: list = []  # rank → ipyparallel engine id
+        self._pids: list = []  # rank → engine process id
+        self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
+        self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
+
+    def __repr__(self) -> str:
+        why = f" ({self.broken_because.splitlines()[0]})" if self.broken_because else ""
+        return f"<Ranks n={self.n} {self.state.value}{why}>"
+
+    # -- life cycle ------------------------------------------------------------------------------------------
+    def start(self) -> "Ranks":
+        """Start the controller and the engines, and make every engine a rank; raise within start_timeout_s."""
+        import ipyparallel as ipp
+
+        if self.state is not RanksState.STOPPED:
+            raise RuntimeError(f"{self!r} is already started: call restart() or stop() first")
+        began = time.monotonic()
+        self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
+        self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
+        self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
+                                    delay=0.1)
+        try:
+            self._cluster.start_cluster_sync()
+            self._client = self._cluster.connect_client_sync()
+            self._client.wait_for_engines(self.n, timeout=self.start_timeout_s, interactive=False)
+            self._engine_ids = sorted(self._client.ids)[:self.n]
+            self._join(began)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def restart(self) -> "Ranks":
+        """Replace every engine (a hung rank cannot be cancelled) and form a fresh group; the controller stays."""
+        if self._cluster is None:
+            return self.start()
+        began = time.monotonic()
+        old = set(self._client.ids)
+        self._kill_engines()
+        self._cluster.stop_engines_sync()
+        self.state, self.broken_because = RanksState.STOPPED, ""
+        try:
+            self._cluster.start_engines_sync(self.n)
+            self._wait_for_new_engines(old, began)
+            self._join(began)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the engines and the controller, and make sure no process of theirs is left.
+
+        The engines are killed outright: they hold nothing worth saving, and a rank stuck in a collective would
+        not answer a polite request anyway."""
+        pids = self.all_pids()
+        self._kill_engines()
+        if self._client is not None:
+            self._client.close()
+        if self._cluster is not None:
+            try:
+                self._cluster.stop_cluster_sync()
+            finally:
+                _kill(pids)
+        self._cluster = self._client = None
+        self._engine_ids, self._pids = [], []
+        self.state, self.broken_because = RanksState.STOPPED, ""
+        for directory in (self._stack_dir, self.trace_dir):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    @property
+    def pids(self) -> list:
+        """The processes this handle started: the engines (rank order), then the controller."""
+        return list(self._pids) + [p for p in self._launcher_pids() if p not in self._pids]
+
+    def all_pids(self) -> list:
+        """`pids` and everything they started in turn (the controller's schedulers, each engine's nanny)."""
+        return _with_descendants(self.pids)
+
+    # -- running cells ---------------------------------------------------------------------------------------
+    def run(self, code: str, timeout_s: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> CellRun:
+        """Run `code` on the ranks (all by default) at once; wait at most timeout_s for every one of them."""
+        self._require_ready()
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        targets = list(range(self.n)) if ranks is None else list(ranks)
+        bad = [r for r in targets if not 0 <= r < self.n]
+        if bad:
+            raise ValueError(f"ranks {bad} do not exist: this group has ranks 0..{self.n - 1}")
+        pending = {r: self._client[self._engine_ids[r]].execute(code, silent=False, block=False) for r in targets}
+        done: dict = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._wait(pending, done, deadline)
+        except KeyboardInterrupt:  # the notebook's ■: interrupt the ranks too, and say the group needs a restart
+            for r in pending:
+                _signal(self._pids[r], signal.SIGINT)
+            self.state = RanksState.BROKEN
+            self.broken_because = f"the cell was interrupted while rank(s) {sorted(pending)} were running it"
+            raise
+        for r, ar in pending.items():
+            done[r] = RankOutput(r, RankStatus.HUNG, stdout=ar.stdout or "", stderr=ar.stderr or "",
+                                 where=self._where(r))
+        run = CellRun([done[r] for r in targets], timeout_s)
+        if run.broke_the_group:
+            self.state = RanksState.BROKEN
+            self.broken_because = run.failures()
+        return run
+
+    def _wait(self, pending: dict, done: dict, deadline: float) -> None:
+        """Move each rank from `pending` to `done` as it finishes, raises or dies, until `deadline`."""
+        while pending and time.monotonic() < deadline:
+            for r, ar in list(pending.items()):
+                exit_code = self._exit_code(r)
+                if exit_code is not None:
+                    done[r] = RankOutput(r, RankStatus.DIED, stdout=ar.stdout or "", stderr=ar.stderr or "",
+                                         error=f"its process ended with exit code {exit_code} while running this "
+                                               f"cell")
+                elif ar.ready():
+                    done[r] = self._finished(r, ar)
+                else:
+                    continue
+                del pending[r]
+            time.sleep(_POLL_S)
+
+    def run_or_raise(self, code: str, timeout_s: Optional[float] = None,
+                     ranks: Optional[Sequence[int]] = None) -> CellRun:
+        """`run`, printing every rank's output; raise RanksFailed naming each rank that did not finish."""
+        run = self.run(code, timeout_s, ranks)
+        text = run.render()
+        if text:
+            print(text)
+        if not run.ok:
+            advice = (f"\nThe process group is broken: call restart() on the ranks (what live.start() returned) "
+                      f"for {self.n} fresh ones."
+                      if run.broke_the_group else "")
+            raise RanksFailed(run.failures() + advice, run)
+        return run
+
+    def pull(self, name: str, timeout_s: Optional[float] = None) -> list:
+        """The value of `name` in every rank's namespace, in rank order (it must pickle)."""
+        self._require_ready()
+        view = self._client[self._engine_ids]
+        return view.pull(name, block=False).get(timeout=self.timeout_s if timeout_s is None else timeout_s)
+
+    def push(self, **values) -> None:
+        """Set names in every rank's namespace (the values must pickle)."""
+        self._require_ready()
+        self._client[self._engine_ids].push(values, block=False).get(timeout=self.timeout_s)
+
+    # -- plumbing --------------------------------------------------------------------------------------------
+    def _require_ready(self) -> None:
+        if self.state is RanksState.BROKEN:
+            raise RanksFailed(f"the ranks are broken since an earlier cell:\n{self.broken_because}\n"
+                              f"Call restart() on the ranks (what live.start() returned) for {self.n} fresh ones.")
+        if self.state is not RanksState.READY:
+            raise RanksFailed("the ranks are not running: call start() on them, or fsdp_lab.lessons.live.start()")
+
+    def _join(self, began: float) -> None:
+        """Every engine joins one fresh gloo group; ranks follow engine ids."""
+        remaining = self.start_timeout_s - (time.monotonic() - began)
+        view = self._client[self._engine_ids]
+        root = str(Path(fsdp_lab.__file__).resolve().parent.parent)
+        view.execute(f"import sys\nif {root!r} not in sys.path: sys.path.insert(0, {root!r})",
+                     block=False).get(timeout=max(remaining, 1))
+        port = free_port()
+        controller = self._cluster.controller.process.pid
+        calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
+                                               controller, str(self._stack_dir / f"rank{rank}.txt"),
+                                               self.threads_per_rank, (str(self._stack_dir), str(self.trace_dir)))
+                 for rank, eid in enumerate(self._engine_ids)]
+        for rank, call in enumerate(calls):
+            remaining = self.start_timeout_s - (time.monotonic() - began)
+            if not call.wait(max(remaining, 0.1)):
+                raise TimeoutError(f"rank {rank} did not join the gloo group within {self.start_timeout_s:g} s")
+            self._pids.append(call.get()["pid"])
+        trace_dir = str(self.trace_dir)
+        for rank, eid in enumerate(self._engine_ids):
+            self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir}, block=True)
+        self.state = RanksState.READY
+        self.startup_s = time.monotonic() - began
+
+    def _wait_for_new_engines(self, old: set, began: float) -> None:
+        while len(set(self._client.ids) - old) < self.n:
+            if time.monotonic() - began > self.start_timeout_s:
+                raise TimeoutError(f"{len(set(self._client.ids) - old)} of {self.n} new engines registered within "
+                                   f"{self.start_timeout_s:g} s")
+            time.sleep(0.1)
+        self._pids = []
+        self._engine_ids = sorted(set(self._client.ids) - old)[:self.n]
+
+    def _launchers(self) -> list:
+        if self._cluster is None:
+            return []
+        return [launcher for engine_set in self._cluster.engines.values()
+                for launcher in getattr(engine_set, "launchers", {}).values()]
+
+    def _launcher_pids(self) -> list:
+        pids = [launcher.pid for launcher in self._launchers() if getattr(launcher, "pid", -1) > 0]
+        controller = getattr(self._cluster, "controller", None) if self._cluster is not None else None
+        if controller is not None and getattr(controller, "pid", -1) > 0:
+            pids.append(controller.pid)
+        return pids
+
+    def _exit_code(self, rank: int):
+        """None while rank's process runs; once it has ended, its exit code (-N: killed by signal N)."""
+        import psutil
+
+        for launcher in self._launchers():
+            if launcher.pid == self._pids[rank]:
+                try:  # psutil caches the code, whichever thread reaped the process (ipyparallel's waiter does)
+                    code = launcher.process.wait(timeout=0)
+                except psutil.TimeoutExpired:
+                    return None
+                return "unknown" if code is None else code
+        return None
+
+    def _finished(self, rank: int, ar) -> RankOutput:
+        from ipyparallel.error import RemoteError
+
+        ar.wait_for_output(timeout=10)  # the reply can come before the last of the rank's printed output
+        stdout, stderr = ar.stdout or "", ar.stderr or ""
+        try:
+            ar.get(timeout=1)
+        except RemoteError as err:
+            text = "\n".join(err.traceback) if isinstance(err.traceback, list) else err.traceback or ""
+            trace = _tail("\n".join(line for line in plain(text).splitlines()
+                                    if not set(line.strip()) <= {"-"} and "Traceback (most recent" not in line),
+                          _TRACEBACK_LINES)
+            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{err.ename}: {err.evalue}\n{trace}")
+        except Exception as err:  # the controller lost the engine (it unregistered): a death
+            return RankOutput(rank, RankStatus.DIED, stdout, stderr, error=f"{type(err).__name__}: {err}")
+        result = ar.execute_result
+        text = None
+        if result is not None:
+            data = result.get("data") if isinstance(result, dict) else getattr(result, "data", None)
+            text = (data or {}).get("text/plain")
+        return RankOutput(rank, RankStatus.OK, stdout, stderr, result=text)
+
+    def _where(self, rank: int) -> str:
+        """The innermost frames of rank's main thread, from its faulthandler (empty if it cannot say)."""
+        path = self._stack_dir / f"rank{rank}.txt"
+        before = path.stat().st_size if path.exists() else 0
+        if not _running(self._pids[rank]):
+            return ""
+        _signal(self._pids[rank], engine.STACK_SIGNAL)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and (not path.exists() or path.stat().st_size == before):
+            time.sleep(_POLL_S)
+        time.sleep(0.1)  # the dump is written in one go, but give it a moment to finish
+        dump = path.read_text(encoding="utf-8", errors="replace")[before:]
+        return stack_of_current_thread(dump)
+
+    def _kill_engines(self) -> None:
+        _kill(_with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
+
+
+_CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
+
+
+def stack_of_current_thread(dump: str, frames: int = 4) -> str:
+    """The learner's frames, innermost first, of the thread faulthandler calls "Current thread" (the one running
+    the cell): the frames before IPython's own, each cell file shown as "cell"."""
+    block, out = False, []
+    for line in dump.splitlines():
+        if line.startswith("Current thread") or line.startswith("Thread "):
+            block = line.startswith("Current thread")
+            continue
+        text = line.strip()
+        if not (block and text.startswith("File ")):
+            continue
+        if "IPython" in text or "ipykernel" in text and not _CELL_FILE.search(text):
+            break
+        out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
+    return "\n".join(out[:frames])
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _with_descendants(pids: list) -> list:
+    import psutil
+
+    out = list(dict.fromkeys(pids))
+    for pid in pids:
+        try:
+            out += [c.pid for c in psutil.Process(pid).children(recursive=True) if c.pid not in out]
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _kill(pids: list) -> None:
+    """SIGKILL what is still running, then wait (bounded) until each has gone."""
+    import psutil
+
+    procs = []
+    for pid in set(pids):
+        if pid == os.getpid() or pid <= 0:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                proc.send_signal(signal.SIGKILL)
+            procs.append(proc)
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(procs, timeout=10)

@@ -1,0 +1,59 @@
+"""The exercise checks (fsdp_lab.lessons.live.checks) on a real 2-rank run: a right answer passes, and each usual
+wrong answer is told what it is, not only that it is wrong."""
+from __future__ import annotations
+
+import pytest
+
+from fsdp_lab.training.launch import run_on_ranks
+from ranks_live_checks import say_everything
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def said():
+    return run_on_ranks(say_everything, 2, timeout_s=180)
+
+
+def test_right_answers_pass_on_both_ranks(said):
+    for rank, out in enumerate(said):
+        for check, verdicts in out.items():
+            if "right" in verdicts:
+                assert verdicts["right"].startswith("ok: "), (rank, check, verdicts["right"])
+
+
+def test_bytes_per_rank_names_what_the_formula_misses(said):
+    state = said[0]["state"]
+    assert "the whole model's state: each of the 2 ranks keeps only 1/2" in state["not divided"]
+    assert "the parameters only" in state["params only"]
+    assert "AdamW's two moments are missing" in state["no adam"]
+    assert "the gradients are missing" in state["no grads"]
+    assert all(v.startswith("not yet: ") for k, v in state.items() if k != "right")
+
+
+def test_shard_range_names_the_unit_and_the_real_chunk(said):
+    wrong = said[1]["shard"]["wrong"]
+    assert wrong.startswith("not yet: unit blocks.0 (49,408 elements on 2 ranks): you say rank 1 holds")
+    assert "its shard is [24,704, 49,408)" in wrong and "every chunk has padded_size / n" in wrong
+
+
+def test_beat_order_names_the_first_beat_that_differs(said):
+    wrong = said[0]["beats"]["wrong"]
+    assert "beat 3 of step 0: you say gather:blocks.1, rank 0's trace has free:blocks.0" in wrong
+
+
+def test_the_mixed_precision_check_says_which_dtype_is_off(said):
+    mp = said[0]["mp"]
+    assert mp["none"] == "not yet: no mixed_precision was passed: the all-gather carries float32, 4 B per element"
+    assert "gradients are reduced in torch.bfloat16, not torch.float32" in mp["bf16 reduce"]
+
+
+def test_after_forward_and_granularity_and_reduce_scatter_explain_the_mistake(said):
+    out = said[0]
+    assert "that is a shard: the gathered copy is the whole unit" in out["after_forward"]["shard"]
+    assert "one unit holds the whole model" in out["units"]["none"]
+    assert out["units"]["size"].startswith("not yet: the units are blocks.0.attn, blocks.1.attn, <root>, not one")
+    assert "that is the sum of the ranks' chunks: divide by world_size=2" in out["rs"]["sum"]
+    assert "that is your own gradient's slice" in out["rs"]["own"]
+    assert "differ at step 1: 0.500000 against 0.600000" in out["losses"]["wrong"]
+    assert out["ratio"]["inverted"].startswith("not yet: that is NO_SHARD over FULL_SHARD")
