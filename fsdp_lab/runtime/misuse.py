@@ -125,10 +125,24 @@ def _describe(entry) -> str:
     return f"'{name}' of shape {tuple(shape)}{'' if requires_grad else ' (frozen)'}"
 
 
-def refuse_compile() -> None:
-    """[Note: torch.compile of the whole model] The root's hooks gather, free by storage resize and install
-    views: state changes that Dynamo cannot trace (it fails in Inductor on the resize's dynamic size)."""
+def _in_compiled_region() -> bool:
+    """True while Dynamo traces, and also where it gave up on a frame and runs it eagerly inside a compiled call
+    (its frame callback is still set): that is how a `raise` under torch.compile runs, so checking only
+    torch.compiler.is_compiling() would let the forward go on. torch's own set_stance asks the same question."""
     if torch.compiler.is_compiling():
+        return True
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # a torch built without Dynamo
+        return False
+    return get_eval_frame_callback() not in (None, False)
+
+
+def refuse_compile() -> None:
+    """[Note: torch.compile of the whole model] The units' hooks gather, free by storage resize and install
+    views: state changes that Dynamo cannot trace (Inductor fails on the resize's dynamic size). A block compiled
+    before wrapping runs inside the hooks, which stay eager, so that is the way to compile."""
+    if _in_compiled_region():
         raise RuntimeError("torch.compile(model) of an fsdp_lab.FSDP model is not supported: its gather/free hooks "
                            "resize storage, which Dynamo cannot trace. Compile each block instead, before wrapping: "
                            "for block in module.blocks: block.compile() (or torch.compile(block)), then FSDP(module)")

@@ -60,10 +60,10 @@ class ShardedStateDictConfig:
 class StateDictSettings:
     state_dict_type: StateDictType
     state_dict_config: object  # FullStateDictConfig or ShardedStateDictConfig
-    optim_state_dict_config: object = None  # always None: the optimizer state is fsdp_lab.checkpoint's
+    optim_state_dict_config: object  # always None: the optimizer state is fsdp_lab.checkpoint's
 
 
-DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig())
+DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), None)
 
 
 def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_config=None) -> StateDictSettings:
@@ -78,13 +78,13 @@ def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_co
     full = kind is StateDictType.FULL_STATE_DICT
     config_type = FullStateDictConfig if full else ShardedStateDictConfig
     if state_dict_config is None:
-        return StateDictSettings(kind, config_type())
+        return StateDictSettings(kind, config_type(), None)
     fields = [f.name for f in dataclasses.fields(config_type)]
     torch_type_name = getattr(type(state_dict_config), "__name__", "")
     if torch_type_name != config_type.__name__ or not all(hasattr(state_dict_config, f) for f in fields):
         raise ValueError(f"state_dict_config={state_dict_config!r} does not go with {kind.name}: pass a "
                          f"{config_type.__name__}({', '.join(f'{f}=...' for f in fields if not f.startswith('_'))})")
-    return StateDictSettings(kind, config_type(*(bool(getattr(state_dict_config, f)) for f in fields)))
+    return StateDictSettings(kind, config_type(*(bool(getattr(state_dict_config, f)) for f in fields)), None)
 
 
 def _shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: bool):
