@@ -23,6 +23,7 @@ from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_mo
                                      refuse_compile, refuse_wrapped_inside, watch_optimizers)
 from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
                                               reduce_dtype)
+from fsdp_lab.runtime.nesting import take_over_nested
 from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                           refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
@@ -30,7 +31,7 @@ from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
                                          load_full_state_dict)
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
-from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params, summon_full_params
+from fsdp_lab.runtime.summon import flat_param_name, summon_full_params
 from fsdp_lab.runtime.unit import Unit, UnitState
 from fsdp_lab.runtime.wrap import select_units
 
@@ -66,7 +67,7 @@ class FSDP(nn.Module):
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
                           "use_orig_params": bool(use_orig_params)}
         self._nested_into = None  # the outer FSDP, once one has taken this one's units over
-        nested_units = self._take_over_nested(module)
+        nested_units = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
         masters = {p.dtype for p in module.parameters()}
@@ -100,51 +101,6 @@ class FSDP(nn.Module):
             on_backward_start=self._on_backward_start)
         self._units = self._build_units(unit_params)
         watch_optimizers(self)
-
-    def _take_over_nested(self, module: nn.Module) -> list[nn.Module]:
-        """[Note: nested FSDP] FSDP1 scripts often wrap by hand: FSDP(Net(blocks=[FSDP(b) for b in blocks])).
-        Each FSDP found inside `module` is taken apart: its module gets its original parameters back (gathered
-        from the shards), its hooks are removed, it takes the FSDP's place in the tree, and every unit it had
-        becomes a unit of this model, exactly as if the policy had picked it. Its options must equal ours:
-        this runtime has one set of options per model, so a different one would be silently ignored."""
-        found = []
-
-        def visit(parent: nn.Module):
-            for name, child in parent._modules.items():
-                if isinstance(child, FSDP):
-                    found.append((parent, name, child))  # it already took over the FSDPs inside it
-                elif child is not None:
-                    visit(child)
-
-        visit(module)
-        unit_modules = []
-        for parent, name, inner in found:
-            for option, ours in self._settings.items():
-                theirs = inner._settings[option]
-                if theirs != ours:
-                    raise ValueError(f"nested FSDP '{name}' has {option}={theirs!r} but the outer FSDP has "
-                                     f"{ours!r}: fsdp_lab applies one set of options to a whole model; pass the "
-                                     f"same to both, or wrap once with an auto_wrap_policy")
-            unit_modules.extend(inner._hand_over_units(self))
-            parent._modules[name] = inner.module
-        return unit_modules
-
-    def _hand_over_units(self, outer: "FSDP") -> list[nn.Module]:
-        """Give every unit's original parameters back and unhook it; return the unit modules, innermost first."""
-        if self._ctx.in_backward:
-            raise RuntimeError("an FSDP cannot be nested into another while its backward is running")
-        self._reshard_all("summon")
-        for unit in self._units:
-            for handle in unit.hook_handles:
-                handle.remove()
-            for flat in unit.flats:
-                full = gather_master(unit, flat).detach().clone()
-                register_full_params(unit, flat, full)
-                for stale in [flat.shard] + (flat.orig_params or []):  # an optimizer over them trains nothing
-                    mark_replaced(stale, f"{unit.name}.{flat_param_name(flat)}")
-        modules = [unit.module for unit in self._units]
-        self._units, self._nested_into = [], outer
-        return modules
 
     def _build_units(self, unit_params) -> list[Unit]:
         ctx = self._ctx
@@ -302,7 +258,8 @@ class FSDP(nn.Module):
     @staticmethod
     def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FSDP"]:
         """Every FSDP in `module`'s tree (`module` included), in module order; root_only: those inside no other.
-        A nested FSDP is taken over by the outer one ([Note: nested FSDP]), so a wrapped tree lists its root."""
+        A nested FSDP is taken over by the outer one ([Note: nested FSDP] in nesting.py): a wrapped tree lists
+        its root."""
         found = [m for m in module.modules() if isinstance(m, FSDP)]
         if not root_only:
             return found
