@@ -39,7 +39,12 @@ _PREFIX = "_fsdp_wrapped_module."
 
 
 class FSDP(nn.Module):
-    """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06."""
+    """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06.
+
+    torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
+    torch, only for modules on the meta device, which are refused (device.py); cpu_offload with
+    offload_params=True, ignored_modules, ignored_states and device_mesh raise a ValueError naming them. Unknown
+    attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
                  auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
@@ -77,7 +82,7 @@ class FSDP(nn.Module):
         unit_params = partition_params(module, select_units(module, auto_wrap_policy, nested_units))
         check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
                                     for p, aliases in u.trainable + u.frozen]) for u in unit_params],
-                         pg, dist.get_rank(pg), dist.get_world_size(pg))
+                         pg, dist.get_rank(pg), dist.get_world_size(pg), device)
         if sync_module_states:
             with torch.no_grad():
                 for tensor in list(module.parameters()) + list(module.buffers()):
@@ -132,6 +137,8 @@ class FSDP(nn.Module):
             unit = Unit(info.name or "<root>", info.module, flats, ctx, is_root=info.module is module)
             unit.hook_handles = [info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True),
                                  info.module.register_forward_hook(unit.post_forward)]
+            if unit.is_root:  # after the root unit's own post-forward: the forward is over
+                unit.hook_handles.append(info.module.register_forward_hook(self._hide_freed_views))
             policy = ctx.mixed_precision
             if unit.module is not module and policy is not None and policy.param_dtype is not None \
                     and policy.cast_forward_inputs:
@@ -209,6 +216,7 @@ class FSDP(nn.Module):
                 for flat in unit.trainable_flats:
                     if flat.orig_params is not None:
                         flat.shard_grad_to_orig()
+            self._hide_freed_views()
             stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
             if stuck:
                 raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
@@ -223,6 +231,15 @@ class FSDP(nn.Module):
         """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""
         for unit in self._units:
             unit.free(phase)
+        self._hide_freed_views()
+
+    def _hide_freed_views(self, *_hook_args) -> None:
+        """Outside forward and backward, no view of a freed buffer is left on a module ([Note: an attribute while
+        sharded] in flat_param.py)."""
+        for unit in self._units:
+            if unit.state is UnitState.SHARDED:
+                for flat in unit.flats:
+                    flat.hide_freed_views()
 
     # -- torch-compatible helpers ------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -142,15 +142,15 @@ class FlatParam:
 
     @property
     def views_dropped_when_freed(self) -> bool:
-        """A buffer that is freed: the free replaces the unsharded views ([Note: an attribute while sharded]), so
-        they must be installed again before the next compute."""
+        """A buffer that is freed: its views are replaced once it is freed ([Note: an attribute while sharded]),
+        so they must be installed again before the next compute."""
         return not self.persistent_full
 
     def install_views(self) -> None:
         """Point every original attribute at its view of `full`; while `full` is freed, at what stands in for it
         then ([Note: an attribute while sharded])."""
         if not self.is_full_allocated():
-            self.uninstall_views()
+            self.hide_freed_views()
             return
         for slot, view in zip(self.slots, self.views()):
             for module, attr, _name in slot.aliases:
@@ -216,8 +216,17 @@ class FlatParam:
                 p.grad.data = grad[start:start + length]
 
     def uninstall_views(self) -> None:
-        """Drop the unsharded views from the modules ([Note: an attribute while sharded]): with use_orig_params
-        the attribute is then the registered (sharded) original parameter, otherwise a ShardedAttribute."""
+        """At the free: with use_orig_params the attribute becomes the registered (sharded) original parameter at
+        once. Other views stay until the forward or backward is over (hide_freed_views), so forward hooks that run
+        after the unit's own see what torch FSDP1's see ([Note: an attribute while sharded])."""
+        if self.orig_params is not None:
+            self.hide_freed_views()
+
+    def hide_freed_views(self) -> None:
+        """While `full` is freed, replace every view of it: the registered original parameter (use_orig_params),
+        otherwise a ShardedAttribute."""
+        if self.is_full_allocated():
+            return
         for slot in self.slots:
             stand_in = None if self.orig_params is not None else ShardedAttribute(slot, self)
             for module, attr, _name in slot.aliases:
@@ -229,7 +238,9 @@ class FlatParam:
 
 # [Note: an attribute while sharded] Outside forward and backward a unit's unsharded buffer has 0 bytes. A view of
 # it left on the module would still claim its shape, and reading it (`model.module.fc.weight.sum()`) would read
-# freed memory: a segfault, or garbage. So the free replaces each view. With use_orig_params the attribute is then
+# freed memory: a segfault, or garbage. So each view is replaced once the unit is freed and the forward (the
+# root module's forward hook) or the backward (the end-of-backward callback) is over; inside a forward a hook
+# that runs after a unit's own sees the freed view, as in torch FSDP1. With use_orig_params the attribute is then
 # the registered original parameter, this rank's 1-D part of it, as in torch FSDP1. Otherwise it is a
 # ShardedAttribute: it answers what does not need the values (shape, dtype, device, requires_grad) and raises an
 # error that says where the values are for anything else, whether reached as a method, an operator or a torch

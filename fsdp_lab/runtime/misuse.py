@@ -88,14 +88,16 @@ def _digest(signature) -> int:
     return int.from_bytes(hashlib.sha256(repr(signature).encode()).digest()[:8], "little", signed=True)
 
 
-def check_same_model(signature: list, pg, rank: int, world_size: int) -> None:
+def check_same_model(signature: list, pg, rank: int, world_size: int, device: torch.device) -> None:
     """Collective ([Note: every rank wraps the same model]). `signature` is, per unit in order, (unit name,
-    [(parameter name, shape, requires_grad), ...])."""
+    [(parameter name, shape, requires_grad), ...]). The digests travel as tensors on the model's device (what
+    NCCL needs); only a difference, which ends the run anyway, sends the lists as objects."""
     if world_size == 1:
         return
-    digests = [None] * world_size
-    dist.all_gather_object(digests, _digest(signature), group=pg)
-    if len(set(digests)) == 1:
+    digest = torch.tensor([_digest(signature)], dtype=torch.int64, device=device)
+    digests = [torch.empty_like(digest) for _ in range(world_size)]
+    dist.all_gather(digests, digest, group=pg)
+    if len({int(d.item()) for d in digests}) == 1:
         return
     everyone = [None] * world_size
     dist.all_gather_object(everyone, signature, group=pg)
