@@ -3,7 +3,7 @@
 The public names load torch on first use, so `fsdp-lab --help` (and a Ctrl-C while it starts) stays quick."""
 __version__ = "0.1.0"
 __all__ = ["FSDP", "FullyShardedDataParallel", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch",
-           "StateDictType", "FullStateDictConfig"]
+           "StateDictType", "FullStateDictConfig", "ShardedStateDictConfig"]
 
 
 def __getattr__(name):

@@ -444,7 +444,6 @@ def reference(name):
 def wrap_errors(rank, world_size):
     """The messages users see for what this runtime does not do, or does not do that way."""
     from torch.distributed.fsdp import CPUOffload
-    from torch.distributed.fsdp import MixedPrecision as TorchMixedPrecision
     from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy as torch_transformer_policy
 
     messages = {}
@@ -458,9 +457,6 @@ def wrap_errors(rank, world_size):
         transformer_auto_wrap_policy, transformer_layer_cls=set())))
     capture("cpu_offload", lambda: FSDP(LoopNet(), cpu_offload=CPUOffload(offload_params=True)))
     capture("cpu_offload_off", lambda: FSDP(LoopNet(), cpu_offload=CPUOffload(offload_params=False)))
-    capture("low_precision_grads", lambda: FSDP(LoopNet(), mixed_precision=TorchMixedPrecision(
-        param_dtype=torch.bfloat16, keep_low_precision_grads=True)))
-    capture("summon_recurse", lambda: FSDP.summon_full_params(FSDP(LoopNet()), recurse=False))
     capture("nested_other_strategy", lambda: FSDP(LoopNet(blocks=[FSDP(b, sharding_strategy="NO_SHARD")
                                                                  for b in make_blocks()])))
 
@@ -479,7 +475,6 @@ def wrap_errors(rank, world_size):
         with FSDP.state_dict_type(model, *settings):
             model.state_dict()
 
-    capture("sharded_state_dict", lambda: state_dict_under(TorchStateDictType.SHARDED_STATE_DICT))
     capture("local_state_dict", lambda: state_dict_under("LOCAL_STATE_DICT"))
     capture("sharded_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT,
                                                        ShardedStateDictConfig()))

@@ -80,14 +80,14 @@ def test_fsdp_given_a_device_id_makes_it_the_current_device(monkeypatch):
     """FSDP(device_id=...) resolves the device before anything is built; on a CUDA device it also makes it current,
     so event waits and DCP's object collectives land on the rank's own GPU. Checked here with torch.cuda faked and
     the module's move stubbed (this machine has no GPU)."""
-    from fsdp_lab.runtime import api
+    from fsdp_lab.runtime import device
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", str(device))))
     module = torch.nn.Linear(3, 2)
     monkeypatch.setattr(module, "to", lambda device: calls.append(("to", str(device))) or module)
-    assert api._resolve_device(module, 1, "nccl") == torch.device("cuda", 1)
+    assert device.resolve_device(module, 1, "nccl") == torch.device("cuda", 1)
     assert calls == [("to", "cuda:1"), ("set_device", "cuda:1")]
     calls.clear()
-    assert api._resolve_device(module, "cpu", "gloo") == torch.device("cpu") and ("set_device", "cpu") not in calls
+    assert device.resolve_device(module, "cpu", "gloo") == torch.device("cpu") and ("set_device", "cpu") not in calls

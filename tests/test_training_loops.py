@@ -158,14 +158,11 @@ def test_bare_transformer_policy_shows_the_right_spelling(messages, key):
 def test_unsupported_options_raise_naming_the_option(messages):
     assert "cpu_offload" in messages["cpu_offload"] and messages["cpu_offload"].startswith("ValueError")
     assert messages["cpu_offload_off"] is None, "CPUOffload(offload_params=False) is what fsdp_lab does"
-    assert "keep_low_precision_grads" in messages["low_precision_grads"]
-    assert "recurse=False" in messages["summon_recurse"]
     assert "sharding_strategy" in messages["nested_other_strategy"]
     assert "nested into another FSDP" in messages["call_nested_inner"]
 
 
 @pytest.mark.parametrize("key,needle", [
-    ("sharded_state_dict", "state_dict_type=SHARDED_STATE_DICT is not supported"),
     ("local_state_dict", "state_dict_type=LOCAL_STATE_DICT is not supported"),
     ("sharded_config", "does not go with FULL_STATE_DICT"),
     ("optim_config", "optim_state_dict_config="),

@@ -2,7 +2,8 @@
 objects and the events it hands to an attached tracer."""
 from fsdp_lab.runtime.api import FSDP
 from fsdp_lab.runtime.mixed_precision import MixedPrecision
-from fsdp_lab.runtime.state_dict import FullStateDictConfig, StateDictType
+from fsdp_lab.runtime.state_dict import FullStateDictConfig, ShardedStateDictConfig, StateDictType
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
 
-__all__ = ["FSDP", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch", "StateDictType", "FullStateDictConfig"]
+__all__ = ["FSDP", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch", "StateDictType", "FullStateDictConfig",
+           "ShardedStateDictConfig"]

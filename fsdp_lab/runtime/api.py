@@ -6,70 +6,45 @@ we do not support raise a ValueError naming the option instead of being silently
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd import Variable
-from torch.utils._pytree import tree_map
 
+from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.flat_param import FlatParam
 from fsdp_lab.runtime.grad_norm import clip_grad_norm_
 from fsdp_lab.runtime.memory import memory_report
-from fsdp_lab.runtime.mixed_precision import MixedPrecision, coerce_mixed_precision, compute_dtype, reduce_dtype
+from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
+                                     refuse_compile, refuse_wrapped_inside, watch_optimizers)
+from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
+                                              reduce_dtype)
+from fsdp_lab.runtime.nesting import take_over_nested
+from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
+                                          refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
 from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
                                          load_full_state_dict)
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
-from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params, summon_full_params
+from fsdp_lab.runtime.summon import flat_param_name, summon_full_params
 from fsdp_lab.runtime.unit import Unit, UnitState
 from fsdp_lab.runtime.wrap import select_units
 
 _PREFIX = "_fsdp_wrapped_module."
 
 
-def _check_process_group(process_group):
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("fsdp_lab.FSDP needs an initialised process group: call "
-                           "torch.distributed.init_process_group(...) first (fsdp_lab.training.launch.run_on_ranks "
-                           "does it for you), or run the script under torchrun.")
-    return process_group if process_group is not None else dist.group.WORLD
-
-
-def _resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
-    devices = {p.device for p in module.parameters()}
-    if any(d.type == "meta" for d in devices):
-        names = [n for n, p in module.named_parameters() if p.device.type == "meta"][:3]
-        raise ValueError(f"module has parameters on the meta device ({', '.join(names)}): materialise them "
-                         f"(e.g. module.to_empty(device=...) and re-initialise) before wrapping with FSDP")
-    if device_id is not None:
-        target = torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)
-        if target.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device_id={device_id!r} asks for CUDA but torch.cuda.is_available() is False")
-        if devices - {torch.device("cpu"), target} and devices != {target}:
-            raise ValueError(f"module is on {sorted(map(str, devices))} but device_id is {target}; "
-                             f"move it to {target} or to CPU first")
-        module.to(target)
-        if target.type == "cuda":  # event waits, NCCL and DCP's object collectives use the current device
-            torch.cuda.set_device(target)
-        return target
-    if len(devices) > 1:
-        by_dev = {}
-        for n, p in module.named_parameters():
-            by_dev.setdefault(str(p.device), n)
-        raise ValueError(f"module's parameters are on several devices: {by_dev}; FSDP needs one device "
-                         f"per rank (move the module, or pass device_id)")
-    device = next(iter(devices)) if devices else torch.device("cpu")
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError(f"module is on {device} but the process group's backend is nccl, which needs CUDA "
-                         f"tensors: move the module to cuda or pass device_id")
-    return device
-
-
 class FSDP(nn.Module):
-    """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06."""
+    """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06.
+
+    torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
+    torch, only for modules on the meta device, which are refused (device.py); cpu_offload with
+    offload_params=True, ignored_modules, ignored_states and device_mesh raise a ValueError naming them. Unknown
+    attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
                  auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
@@ -80,13 +55,14 @@ class FSDP(nn.Module):
         super().__init__()
         if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
             raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
-        for option, value in (("ignored_modules", ignored_modules), ("param_init_fn", param_init_fn),
-                              ("ignored_states", ignored_states), ("device_mesh", device_mesh)):
+        for option, value in (("ignored_modules", ignored_modules), ("ignored_states", ignored_states),
+                              ("device_mesh", device_mesh)):
             if value is not None:
                 raise ValueError(f"FSDP option {option}={value!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
             raise ValueError("module is already wrapped with FSDP")
-        pg = _check_process_group(process_group)
+        check_param_init_fn(module, param_init_fn)
+        pg = check_process_group(process_group)
         strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
                                "sharding_strategy")
         prefetch = coerce_enum(backward_prefetch, BackwardPrefetch, "backward_prefetch")
@@ -96,20 +72,27 @@ class FSDP(nn.Module):
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
                           "use_orig_params": bool(use_orig_params)}
         self._nested_into = None  # the outer FSDP, once one has taken this one's units over
-        nested_units = self._take_over_nested(module)
-        device = _resolve_device(module, device_id, dist.get_backend(pg))
+        nested_units = take_over_nested(self, module, FSDP)
+        refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
+        device = resolve_device(module, device_id, dist.get_backend(pg))
         masters = {p.dtype for p in module.parameters()}
         if masters - {torch.float32}:
             raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
                              f"{sorted(map(str, masters))}. Keep the module in fp32 and use MixedPrecision")
+        unit_params = partition_params(module, select_units(module, auto_wrap_policy, nested_units))
+        check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
+                                    for p, aliases in u.trainable + u.frozen]) for u in unit_params],
+                         pg, dist.get_rank(pg), dist.get_world_size(pg), device)
         if sync_module_states:
             with torch.no_grad():
                 for tensor in list(module.parameters()) + list(module.buffers()):
                     dist.broadcast(tensor.data, src=dist.get_global_rank(pg, 0), group=pg)
+        self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
         if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
-            for buf_module in module.modules():
+            for module_name, buf_module in module.named_modules():
                 for name, buf in buf_module._buffers.items():
                     if buf is not None and buf.is_floating_point():
+                        self._buffer_dtypes[f"{module_name}.{name}" if module_name else name] = buf.dtype
                         buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
         self._fsdp_wrapped_module = module
         self._use_orig_params = bool(use_orig_params)
@@ -121,55 +104,14 @@ class FSDP(nn.Module):
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             limit_all_gathers=bool(limit_all_gathers),
             on_backward_start=self._on_backward_start)
-        self._units = self._build_units(module, auto_wrap_policy, nested_units)
+        self._units = self._build_units(unit_params)
+        watch_optimizers(self)
 
-    def _take_over_nested(self, module: nn.Module) -> list[nn.Module]:
-        """[Note: nested FSDP] FSDP1 scripts often wrap by hand: FSDP(Net(blocks=[FSDP(b) for b in blocks])).
-        Each FSDP found inside `module` is taken apart: its module gets its original parameters back (gathered
-        from the shards), its hooks are removed, it takes the FSDP's place in the tree, and every unit it had
-        becomes a unit of this model, exactly as if the policy had picked it. Its options must equal ours:
-        this runtime has one set of options per model, so a different one would be silently ignored."""
-        found = []
-
-        def visit(parent: nn.Module):
-            for name, child in parent._modules.items():
-                if isinstance(child, FSDP):
-                    found.append((parent, name, child))  # it already took over the FSDPs inside it
-                elif child is not None:
-                    visit(child)
-
-        visit(module)
-        unit_modules = []
-        for parent, name, inner in found:
-            for option, ours in self._settings.items():
-                theirs = inner._settings[option]
-                if theirs != ours:
-                    raise ValueError(f"nested FSDP '{name}' has {option}={theirs!r} but the outer FSDP has "
-                                     f"{ours!r}: fsdp_lab applies one set of options to a whole model; pass the "
-                                     f"same to both, or wrap once with an auto_wrap_policy")
-            unit_modules.extend(inner._hand_over_units(self))
-            parent._modules[name] = inner.module
-        return unit_modules
-
-    def _hand_over_units(self, outer: "FSDP") -> list[nn.Module]:
-        """Give every unit's original parameters back and unhook it; return the unit modules, innermost first."""
-        if self._ctx.in_backward:
-            raise RuntimeError("an FSDP cannot be nested into another while its backward is running")
-        self._reshard_all("summon")
-        for unit in self._units:
-            for handle in unit.hook_handles:
-                handle.remove()
-            for flat in unit.flats:
-                full = gather_master(unit, flat).detach().clone()
-                register_full_params(unit, flat, full)
-        modules = [unit.module for unit in self._units]
-        self._units, self._nested_into = [], outer
-        return modules
-
-    def _build_units(self, module, policy, nested_units=()) -> list[Unit]:
+    def _build_units(self, unit_params) -> list[Unit]:
         ctx = self._ctx
+        module = self._fsdp_wrapped_module
         units = []
-        for info in partition_params(module, select_units(module, policy, nested_units)):
+        for info in unit_params:
             flats = []
             for params, trainable in ((info.trainable, True), (info.frozen, False)):
                 if not params:
@@ -178,19 +120,30 @@ class FSDP(nn.Module):
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
                     shard_storage=ctx.strategy.shards_params))
-            for _param, aliases in info.trainable + info.frozen:  # the flat shards replace them
+            for param, aliases in info.trainable + info.frozen:  # the flat shards replace them
+                mark_replaced(param, aliases[0][2])  # [Note: traps that train nothing] in misuse.py
                 for owner, attr, _q in aliases:
                     owner._parameters.pop(attr, None)
             for flat in flats:
+                setattr(flat.shard, FLAT_OF, info.name or "<root>")
                 if self._use_orig_params:  # [Note: original parameters] in flat_param.py
                     for slot, param in zip(flat.slots, flat.make_orig_params()):
+                        setattr(param, FLAT_OF, info.name or "<root>")
                         for owner, attr, _q in slot.aliases:
                             owner._parameters[attr] = param
                 else:
                     info.module.register_parameter(flat_param_name(flat), flat.shard)
+                flat.install_views()  # [Note: an attribute while sharded] in flat_param.py
             unit = Unit(info.name or "<root>", info.module, flats, ctx, is_root=info.module is module)
             unit.hook_handles = [info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True),
                                  info.module.register_forward_hook(unit.post_forward)]
+            if unit.is_root:  # after the root unit's own post-forward: the forward is over
+                unit.hook_handles.append(info.module.register_forward_hook(self._hide_freed_views))
+            policy = ctx.mixed_precision
+            if unit.module is not module and policy is not None and policy.param_dtype is not None \
+                    and policy.cast_forward_inputs:
+                unit.hook_handles.insert(0, info.module.register_forward_pre_hook(
+                    functools.partial(cast_inputs, policy.param_dtype), with_kwargs=True, prepend=True))
             units.append(unit)
         return units
 
@@ -200,14 +153,12 @@ class FSDP(nn.Module):
         if self._nested_into is not None:
             raise RuntimeError("this FSDP was nested into another FSDP, which now runs its units: call the outer "
                                "one")
+        refuse_compile()  # [Note: torch.compile of the whole model] in misuse.py
         self._drop_abandoned_backward()
+        check_requires_grad(self._units)
         policy = ctx.mixed_precision
-        if policy is not None and policy.param_dtype is not None and policy.cast_forward_inputs:
-            def cast(t):
-                if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    return t.to(policy.param_dtype)
-                return t
-            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        if policy is not None and policy.param_dtype is not None and policy.cast_root_forward_inputs:
+            args, kwargs = cast_inputs(policy.param_dtype, None, args, kwargs)
         output = self._fsdp_wrapped_module(*args, **kwargs)
         if ctx.forward_order:
             ctx.order_frozen = True
@@ -238,16 +189,34 @@ class FSDP(nn.Module):
         if not ctx.final_callback_queued:
             ctx.final_callback_queued = True
             ctx.in_backward = True
+            self._cast_grads(None)  # accumulate in the master's dtype, as torch does with keep_low_precision_grads
             Variable._execution_engine.queue_callback(self._finish_backward)
+
+    def _cast_grads(self, dtype: Optional[torch.dtype]) -> None:
+        """MixedPrecision(keep_low_precision_grads=True): the sharded gradients the optimizer sees are in
+        param_dtype (`dtype`); None casts them back to the fp32 master's dtype. A gradient may differ from its
+        parameter's dtype only through `.data`, which is how torch FSDP1 keeps them too."""
+        policy = self._ctx.mixed_precision
+        if policy is None or policy.grad_dtype is None:
+            return
+        for unit in self._units:
+            for flat in unit.trainable_flats:
+                grad = flat.shard.grad
+                target = dtype or flat.shard.dtype
+                if grad is not None and grad.dtype != target:
+                    grad.data = grad.data.to(target)
 
     def _finish_backward(self) -> None:
         ctx = self._ctx
         try:
             for unit in self._units:
                 unit.finish_backward()
+            self._cast_grads(ctx.mixed_precision.grad_dtype if ctx.mixed_precision is not None else None)
+            for unit in self._units:
                 for flat in unit.trainable_flats:
                     if flat.orig_params is not None:
                         flat.shard_grad_to_orig()
+            self._hide_freed_views()
             stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
             if stuck:
                 raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
@@ -263,6 +232,15 @@ class FSDP(nn.Module):
         for unit in self._units:
             unit.free(phase)
         self._ctx.frees.drain()  # nothing held until the next forward ([Note: memory across streams])
+        self._hide_freed_views()
+
+    def _hide_freed_views(self, *_hook_args) -> None:
+        """Outside forward and backward, no view of a freed buffer is left on a module ([Note: an attribute while
+        sharded] in flat_param.py)."""
+        for unit in self._units:
+            if unit.state is UnitState.SHARDED:
+                for flat in unit.flats:
+                    flat.hide_freed_views()
 
     # -- torch-compatible helpers ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -276,21 +254,46 @@ class FSDP(nn.Module):
             self._ctx.sync_gradients = previous
 
     @staticmethod
-    def summon_full_params(module: "FSDP", writeback: bool = True, rank0_only: bool = False,
-                           with_grads: bool = False, recurse: bool = True):
-        if not isinstance(module, FSDP):
-            raise TypeError(f"summon_full_params expects an fsdp_lab.FSDP model, got {type(module).__name__}")
-        for option, value, supported in (("rank0_only", rank0_only, False), ("with_grads", with_grads, False),
-                                         ("recurse", recurse, True)):
-            if value != supported:
-                raise ValueError(f"summon_full_params option {option}={value!r} is not supported by fsdp_lab")
-        return summon_full_params(module, writeback=writeback)
+    @contextlib.contextmanager
+    def summon_full_params(module: nn.Module, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
+                           offload_to_cpu: bool = False, with_grads: bool = False):
+        """Collective, as in torch FSDP1: inside the context the original parameters are full fp32 nn.Parameters
+        under their original names (with their full .grad if with_grads); with writeback, what was written to
+        them reaches the shards on exit. `module` is an FSDP model or any module holding some (each is
+        summoned); recurse=False summons the root unit only ([Note: recurse=False] in summon.py). rank0_only:
+        only rank 0 sees full parameters (every rank must still enter); offload_to_cpu: they are on the CPU."""
+        if rank0_only and writeback:
+            raise ValueError("summon_full_params options rank0_only=True and writeback=True cannot be combined (as "
+                             "in torch FSDP1): the other ranks hold no full parameters to write back; pass "
+                             "writeback=False")
+        roots = [module] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
+        with contextlib.ExitStack() as stack:
+            for root in roots:
+                stack.enter_context(summon_full_params(root, recurse, writeback, rank0_only, offload_to_cpu,
+                                                       with_grads))
+            yield module
+
+    @staticmethod
+    def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FSDP"]:
+        """Every FSDP in `module`'s tree (`module` included), in module order; root_only: those inside no other.
+        A nested FSDP is taken over by the outer one ([Note: nested FSDP] in nesting.py): a wrapped tree lists
+        its root."""
+        found = [m for m in module.modules() if isinstance(m, FSDP)]
+        if not root_only:
+            return found
+        inner = {id(m) for outer in found for m in outer.module.modules() if isinstance(m, FSDP)}
+        return [m for m in found if id(m) not in inner]
+
+    def check_is_root(self) -> bool:
+        """True: an fsdp_lab.FSDP object always drives its whole model (nested ones are taken over)."""
+        return self._nested_into is None
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the global gradient norm (computed across all ranks' shards)."""
         return clip_grad_norm_(self, max_norm, norm_type)
 
     def named_parameters(self, *args, **kwargs):
+        refuse_dcp_optimizer_state(sys._getframe(1))
         for name, param in super().named_parameters(*args, **kwargs):
             yield name.replace(_PREFIX, ""), param
 
@@ -298,11 +301,16 @@ class FSDP(nn.Module):
         for name, buf in super().named_buffers(*args, **kwargs):
             yield name.replace(_PREFIX, ""), buf
 
-    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False):
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict, original names
-        and full fp32 tensors, on every rank (on rank 0 only, or on the CPU, under FSDP.state_dict_type with a
-        FullStateDictConfig). Every rank must call it: one that skips it leaves the others waiting until the
-        collective timeout. `keep_vars` gives detached copies, which is all a gathered copy can be."""
+        and full fp32 tensors (buffers in their own dtype), on every rank (on rank 0 only, or on the CPU, under
+        FSDP.state_dict_type with a FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of
+        every parameter as a DTensor ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one
+        that skips it leaves the others waiting until the collective timeout. `keep_vars` gives detached copies,
+        which is all a gathered copy can be."""
+        if args:
+            raise ValueError("FSDP.state_dict() takes destination, prefix and keep_vars by name only (positional "
+                             "arguments are deprecated in torch)")
         return full_state_dict(self, self._state_dict_settings, destination, prefix)
 
     def apply(self, fn):
@@ -330,6 +338,17 @@ class FSDP(nn.Module):
         return previous
 
     @staticmethod
+    def get_state_dict_type(module: nn.Module) -> StateDictSettings:
+        """The state-dict settings of the FSDP models in `module` (they must agree)."""
+        settings = {m._state_dict_settings for m in FSDP.fsdp_modules(module)}
+        if not settings:
+            raise ValueError(f"get_state_dict_type: {type(module).__name__} contains no fsdp_lab.FSDP")
+        if len(settings) > 1:
+            raise ValueError(f"get_state_dict_type: the FSDP models in {type(module).__name__} have different "
+                             f"settings: {sorted(map(repr, settings))}")
+        return settings.pop()
+
+    @staticmethod
     @contextlib.contextmanager
     def state_dict_type(module: nn.Module, state_dict_type, state_dict_config=None,
                         optim_state_dict_config=None) -> Iterator[None]:
@@ -346,6 +365,22 @@ class FSDP(nn.Module):
     @property
     def module(self) -> nn.Module:
         return self._fsdp_wrapped_module
+
+    def __getattr__(self, name: str):
+        """Forward what FSDP does not have to the wrapped module, as torch FSDP1 does (model.config,
+        model.generate, model.blocks)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "_fsdp_wrapped_module":  # not set yet: __init__ is still running
+                raise
+        if name in NOT_PROVIDED:
+            raise AttributeError(not_provided_message(name))
+        return getattr(self._fsdp_wrapped_module, name)
+
+    def __getitem__(self, key):
+        """Forward indexing to the wrapped module (an nn.Sequential, a ModuleList), as torch FSDP1 does."""
+        return self._fsdp_wrapped_module.__getitem__(key)
 
     @property
     def units(self) -> list[Unit]:
@@ -370,3 +405,7 @@ class FSDP(nn.Module):
 
     def memory_report(self, optimizer=None):
         return memory_report(self, optimizer)
+
+
+for _name in NOT_PROVIDED:  # torch FSDP1's methods we do not have raise naming themselves
+    setattr(FSDP, _name, not_provided(_name))

@@ -142,17 +142,17 @@ class FlatParam:
 
     @property
     def views_dropped_when_freed(self) -> bool:
-        """use_orig_params with a buffer that is freed: the free makes the registered (sharded) parameters the
-        attributes again, so the unsharded views must be installed before the next compute."""
-        return self.orig_params is not None and not self.persistent_full
+        """A buffer that is freed: its views are replaced once it is freed ([Note: an attribute while sharded]),
+        so they must be installed again before the next compute."""
+        return not self.persistent_full
 
     def install_views(self) -> None:
-        """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
-        if self.is_full_allocated():
-            views = self.views()
-        else:
-            views = [self.full.detach().new_empty(0)] * len(self.slots)
-        for slot, view in zip(self.slots, views):
+        """Point every original attribute at its view of `full`; while `full` is freed, at what stands in for it
+        then ([Note: an attribute while sharded])."""
+        if not self.is_full_allocated():
+            self.hide_freed_views()
+            return
+        for slot, view in zip(self.slots, self.views()):
             for module, attr, _name in slot.aliases:
                 # A plain instance attribute (the name left module._parameters at wrap time); writing the
                 # instance dict skips nn.Module.__setattr__'s checks, which run for every parameter every step.
@@ -207,10 +207,87 @@ class FlatParam:
         grad = self.shard.grad
         for p, slot in zip(self.orig_params, self.slots):
             start, length = self.local_range(slot)
-            p.grad = None if grad is None or length == 0 else grad[start:start + length]
+            if grad is None or length == 0:
+                p.grad = None
+            elif grad.dtype == p.dtype:
+                p.grad = grad[start:start + length]
+            else:  # keep_low_precision_grads: a gradient of another dtype can only be set through .data
+                p.grad = torch.empty_like(p)
+                p.grad.data = grad[start:start + length]
 
     def uninstall_views(self) -> None:
-        """Drop the unsharded views from the modules, so the attribute is the registered original parameter."""
+        """At the free: with use_orig_params the attribute becomes the registered (sharded) original parameter at
+        once. Other views stay until the forward or backward is over (hide_freed_views), so forward hooks that run
+        after the unit's own see what torch FSDP1's see ([Note: an attribute while sharded])."""
+        if self.orig_params is not None:
+            self.hide_freed_views()
+
+    def hide_freed_views(self) -> None:
+        """While `full` is freed, replace every view of it: the registered original parameter (use_orig_params),
+        otherwise a ShardedAttribute."""
+        if self.is_full_allocated():
+            return
         for slot in self.slots:
+            stand_in = None if self.orig_params is not None else ShardedAttribute(slot, self)
             for module, attr, _name in slot.aliases:
-                module.__dict__.pop(attr, None)
+                if stand_in is None:
+                    module.__dict__.pop(attr, None)
+                else:
+                    module.__dict__[attr] = stand_in
+
+
+# [Note: an attribute while sharded] Outside forward and backward a unit's unsharded buffer has 0 bytes. A view of
+# it left on the module would still claim its shape, and reading it (`model.module.fc.weight.sum()`) would read
+# freed memory: a segfault, or garbage. So each view is replaced once the unit is freed and the forward (the
+# root module's forward hook) or the backward (the end-of-backward callback) is over; inside a forward a hook
+# that runs after a unit's own sees the freed view, as in torch FSDP1. With use_orig_params the attribute is then
+# the registered original parameter, this rank's 1-D part of it, as in torch FSDP1. Otherwise it is a
+# ShardedAttribute: it answers what does not need the values (shape, dtype, device, requires_grad) and raises an
+# error that says where the values are for anything else, whether reached as a method, an operator or a torch
+# function (through __torch_function__, which torch consults for any argument that defines it).
+class ShardedAttribute:
+    """Stands in for an original parameter while its unit is sharded (use_orig_params=False)."""
+
+    def __init__(self, slot: ParamSlot, flat: "FlatParam"):
+        self.name, self.unit_name = slot.name, flat.unit_name
+        self.shape = slot.shape
+        self.dtype, self.device = flat.compute_dtype, flat.shard.device
+        self.requires_grad = flat.requires_grad
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def message(self) -> str:
+        return (f"'{self.name}' is sharded: outside forward and backward this rank holds only its shard of FSDP "
+                f"unit '{self.unit_name}', so the full {tuple(self.shape)} tensor does not exist. Read it inside "
+                f"`with FSDP.summon_full_params(model):`, or from model.state_dict(); with use_orig_params=True "
+                f"the attribute is this rank's part of it")
+
+    def __getattr__(self, attr):
+        raise AttributeError(f"cannot use .{attr}: {self.message()}")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        stand_in = next(a for a in (*args, *(kwargs or {}).values()) if isinstance(a, cls)) if args or kwargs \
+            else None
+        raise RuntimeError(stand_in.message() if stand_in is not None else "a sharded FSDP parameter was used")
+
+    def __repr__(self):
+        return f"ShardedAttribute({self.name!r}, shape={tuple(self.shape)}, unit={self.unit_name!r})"
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(self.message())
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __matmul__ = __rmatmul__ = _refuse
+    __truediv__ = __rtruediv__ = __pow__ = __neg__ = __getitem__ = __setitem__ = __iter__ = __len__ = _refuse
+    __float__ = __int__ = __bool__ = __array__ = _refuse

@@ -6,24 +6,40 @@ what compute sees; the shard is cast *before* the collective, so a bf16 policy h
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._pytree import tree_map
 
 
 @dataclass(frozen=True)
 class MixedPrecision:
+    """torch FSDP1's fields, order and defaults. keep_low_precision_grads: the gradient the optimizer sees stays
+    in param_dtype instead of being cast to the fp32 master's dtype. cast_root_forward_inputs: the root casts
+    the model's floating inputs to param_dtype; cast_forward_inputs: every unit casts its own inputs too.
+    _module_classes_to_ignore: torch keeps such modules (BatchNorm) in fp32; one compute dtype per model here,
+    so a model holding one is refused when param_dtype is set (coerce_mixed_precision)."""
     param_dtype: Optional[torch.dtype] = None
     reduce_dtype: Optional[torch.dtype] = None
     buffer_dtype: Optional[torch.dtype] = None
-    cast_forward_inputs: bool = True
+    keep_low_precision_grads: bool = False
+    cast_forward_inputs: bool = False
+    cast_root_forward_inputs: bool = True
+    _module_classes_to_ignore: Sequence[type] = (_BatchNorm,)
 
     def __post_init__(self):
         for field in ("param_dtype", "reduce_dtype", "buffer_dtype"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, torch.dtype) or not value.is_floating_point):
                 raise ValueError(f"MixedPrecision.{field} must be a floating torch.dtype, got {value!r}")
+
+    @property
+    def grad_dtype(self) -> Optional[torch.dtype]:
+        """The dtype the sharded gradient is kept in, None for the master's (torch's keep_low_precision_grads)."""
+        return self.param_dtype if self.keep_low_precision_grads else None
 
 
 FULL_PRECISION = MixedPrecision()
@@ -40,19 +56,27 @@ def reduce_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) ->
 
 
 def coerce_mixed_precision(policy, module) -> Optional[MixedPrecision]:
-    """Accept ours or torch's FSDP1 MixedPrecision. A torch field this runtime would not honour raises a
+    """Accept ours or torch's FSDP1 MixedPrecision (same fields). A field this runtime would not honour raises a
     ValueError naming it rather than being dropped."""
-    if policy is None or isinstance(policy, MixedPrecision):
-        return policy
-    if not all(hasattr(policy, a) for a in ("param_dtype", "reduce_dtype")):
-        raise ValueError(f"mixed_precision must be a MixedPrecision, got {policy!r}")
-    if getattr(policy, "keep_low_precision_grads", False):
-        raise ValueError("MixedPrecision option keep_low_precision_grads=True is not supported by fsdp_lab: "
-                         "gradients are always stored in fp32 on the shard")
-    ignored = tuple(getattr(policy, "_module_classes_to_ignore", ()) or ())
+    if policy is None:
+        return None
+    names = [f.name for f in dataclasses.fields(MixedPrecision)]
+    if not isinstance(policy, MixedPrecision):
+        if not all(hasattr(policy, a) for a in ("param_dtype", "reduce_dtype")):
+            raise ValueError(f"mixed_precision must be a MixedPrecision, got {policy!r}")
+        defaults = MixedPrecision()
+        policy = MixedPrecision(**{n: getattr(policy, n, getattr(defaults, n)) for n in names})
+    ignored = tuple(policy._module_classes_to_ignore or ())
     kept_fp32 = sorted({type(m).__name__ for m in module.modules() if ignored and isinstance(m, ignored)})
     if kept_fp32 and policy.param_dtype is not None:
         raise ValueError(f"MixedPrecision._module_classes_to_ignore would keep {kept_fp32} in fp32, which "
-                         f"fsdp_lab does not support: every unit computes in param_dtype")
-    cast = bool(getattr(policy, "cast_root_forward_inputs", True) or getattr(policy, "cast_forward_inputs", False))
-    return MixedPrecision(policy.param_dtype, policy.reduce_dtype, getattr(policy, "buffer_dtype", None), cast)
+                         f"fsdp_lab does not support: every unit computes in param_dtype. Pass "
+                         f"_module_classes_to_ignore=() to compute them in param_dtype too")
+    return policy
+
+
+def cast_inputs(dtype: torch.dtype, _module, args, kwargs):
+    """MixedPrecision's input cast: every floating tensor in args and kwargs to `dtype` (a forward pre-hook)."""
+    def cast(t):
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+    return tree_map(cast, args), tree_map(cast, kwargs)

@@ -10,10 +10,16 @@ Scripts written for torch FSDP1 save a model as
 
 and that works here unchanged (torch's own StateDictType and FullStateDictConfig are accepted too). The state dict
 is gathered one unit at a time ([Note: one unit at a time] below), but the result is the whole fp32 model on each
-rank that keeps it: for models that do not fit that way, save sharded with fsdp_lab.checkpoint, which is also
-where the optimizer state goes.
-SHARDED_STATE_DICT and LOCAL_STATE_DICT are refused with a ValueError that says so, rather than giving a dict
-that looks like another one.
+rank that keeps it.
+
+[Note: SHARDED_STATE_DICT] Under StateDictType.SHARDED_STATE_DICT each parameter comes out under its original name
+as a DTensor sharded on dim 0 over the model's process group (rank r holds torch.chunk's piece r), the layout
+torch FSDP1 gives, so torch.distributed.checkpoint saves each rank's piece and loads it on any world size.
+Buffers are replicated plain tensors. torch FSDP1 gives ShardedTensor unless ShardedStateDictConfig._use_dtensor;
+ShardedTensor is deprecated and DCP treats both alike, so here it is DTensor either way. load_state_dict takes
+such a dict back (each DTensor is gathered to its full tensor, then loaded as a full state dict). The optimizer
+state is saved with fsdp_lab.checkpoint. LOCAL_STATE_DICT (the flat shards themselves) is refused with a
+ValueError that says so, rather than giving a dict that looks like another one.
 """
 from __future__ import annotations
 
@@ -43,30 +49,52 @@ class FullStateDictConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardedStateDictConfig:
+    """offload_to_cpu: each rank's pieces come back on the CPU. _use_dtensor: accepted for torch's sake; the
+    pieces are DTensors either way ([Note: SHARDED_STATE_DICT])."""
+    offload_to_cpu: bool = False
+    _use_dtensor: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StateDictSettings:
     state_dict_type: StateDictType
-    state_dict_config: FullStateDictConfig
+    state_dict_config: object  # FullStateDictConfig or ShardedStateDictConfig
+    optim_state_dict_config: object  # always None: the optimizer state is fsdp_lab.checkpoint's
 
 
-DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig())
+DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), None)
 
 
 def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_config=None) -> StateDictSettings:
-    """Check what FSDP.state_dict_type / set_state_dict_type were given; torch's enum and config are accepted."""
+    """Check what FSDP.state_dict_type / set_state_dict_type were given; torch's enum and configs are accepted."""
     kind = coerce_enum(state_dict_type, StateDictType, "state_dict_type")
-    if kind is not StateDictType.FULL_STATE_DICT:
+    if kind is StateDictType.LOCAL_STATE_DICT:
         raise ValueError(f"state_dict_type={kind.name} is not supported by fsdp_lab: model.state_dict() gives the "
-                         f"full state dict (FULL_STATE_DICT). For a sharded save use fsdp_lab.checkpoint.save/load")
+                         f"full state dict (FULL_STATE_DICT) or per-parameter DTensors (SHARDED_STATE_DICT)")
     if optim_state_dict_config is not None:
         raise ValueError(f"optim_state_dict_config={optim_state_dict_config!r} is not supported by fsdp_lab: it has "
                          f"no FSDP.optim_state_dict; fsdp_lab.checkpoint.save/load keeps the optimizer state")
+    full = kind is StateDictType.FULL_STATE_DICT
+    config_type = FullStateDictConfig if full else ShardedStateDictConfig
     if state_dict_config is None:
-        return StateDictSettings(kind, FullStateDictConfig())
-    if not (hasattr(state_dict_config, "offload_to_cpu") and hasattr(state_dict_config, "rank0_only")):
-        raise ValueError(f"state_dict_config={state_dict_config!r} does not go with FULL_STATE_DICT: pass a "
-                         f"FullStateDictConfig(offload_to_cpu=..., rank0_only=...)")
-    return StateDictSettings(kind, FullStateDictConfig(bool(state_dict_config.offload_to_cpu),
-                                                       bool(state_dict_config.rank0_only)))
+        return StateDictSettings(kind, config_type(), None)
+    fields = [f.name for f in dataclasses.fields(config_type)]
+    torch_type_name = getattr(type(state_dict_config), "__name__", "")
+    if torch_type_name != config_type.__name__ or not all(hasattr(state_dict_config, f) for f in fields):
+        raise ValueError(f"state_dict_config={state_dict_config!r} does not go with {kind.name}: pass a "
+                         f"{config_type.__name__}({', '.join(f'{f}=...' for f in fields if not f.startswith('_'))})")
+    return StateDictSettings(kind, config_type(*(bool(getattr(state_dict_config, f)) for f in fields)), None)
+
+
+def _shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: bool):
+    """This rank's torch.chunk piece of `tensor` as a DTensor sharded on dim 0 ([Note: SHARDED_STATE_DICT])."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    pieces = torch.chunk(tensor, world_size, dim=0)
+    local = pieces[rank] if rank < len(pieces) else tensor.new_empty((0, *tensor.shape[1:]))
+    local = local.to("cpu", copy=True) if offload else local.clone()
+    return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=tensor.shape, stride=tensor.stride())
 
 
 def full_state_dict(model, settings: StateDictSettings, destination=None, prefix: str = "") -> dict:
@@ -77,10 +105,24 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
     at a time beyond what is kept, as in torch FSDP1, and whatever the module's own state_dict adds (buffers,
     extra state, its hooks) is there. Tied names share one copy."""
     settle(model, "state_dict()")
-    config = settings.state_dict_config
-    keep = not config.rank0_only or model._ctx.rank == 0
+    ctx, config = model._ctx, settings.state_dict_config
+    keep = not getattr(config, "rank0_only", False) or ctx.rank == 0
     out = destination if destination is not None else OrderedDict()
     before, copies = set(out), set()  # keys a caller put there; ids of the copies made so far
+    buffer_dtypes = {prefix + name: dtype for name, dtype in model._buffer_dtypes.items()}
+    if settings.state_dict_type is StateDictType.SHARDED_STATE_DICT:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(ctx.pg, ctx.device.type)
+        param_names = {prefix + q for u in model.units for f in u.flats for s in f.slots for _m, _a, q in s.aliases}
+
+        def convert(key, value):
+            if key in param_names:
+                return _shard_dim0(value, mesh, ctx.rank, ctx.world_size, config.offload_to_cpu)
+            return value.to("cpu", copy=True) if config.offload_to_cpu else value.clone()
+    else:
+        def convert(_key, value):
+            return value.to("cpu", copy=True) if config.offload_to_cpu else value.clone()
 
     def gather(unit, restore, _module, _prefix, _keep_vars):
         for flat in unit.flats:
@@ -101,7 +143,9 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
             elif id(value) not in copies:
                 where = (value.data_ptr(), value.shape, value.stride(), value.dtype)
                 if where not in by_storage:
-                    by_storage[where] = value.to("cpu", copy=True) if config.offload_to_cpu else value.clone()
+                    by_storage[where] = convert(key, value)
+                    if key in buffer_dtypes:  # MixedPrecision.buffer_dtype: saved in the buffer's own dtype
+                        by_storage[where] = by_storage[where].to(buffer_dtypes[key])
                 state[key] = by_storage[where]
                 copies.add(id(state[key]))
 
@@ -124,5 +168,12 @@ def load_full_state_dict(model, state_dict, strict: bool, assign: bool):
     if assign:
         raise ValueError("FSDP.load_state_dict option assign=True is not supported by fsdp_lab: the masters are "
                          "shards of flat buffers, so loaded tensors are copied in, never put in their place")
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(v, DTensor) for v in state_dict.values()):  # [Note: SHARDED_STATE_DICT]
+        metadata = getattr(state_dict, "_metadata", None)
+        state_dict = OrderedDict((k, v.full_tensor() if isinstance(v, DTensor) else v) for k, v in state_dict.items())
+        if metadata is not None:
+            state_dict._metadata = metadata
     with summon_full_params(model, writeback=True):
         return model.module.load_state_dict(state_dict, strict=strict)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from fsdp_lab.runtime.collectives import all_gather_flat
@@ -31,30 +32,52 @@ def flat_param_name(flat) -> str:
     return "_fsdp_flat_param" + ("" if flat.requires_grad else "_frozen")
 
 
-def register_full_params(unit, flat, full: torch.Tensor) -> list[tuple]:
-    """Make every original attribute of `flat` a real nn.Parameter again, a view of `full`, and unregister what
-    stood in for them (the flat shard, or the sharded original parameters). Returns what to put back."""
+def gather_grad(unit, flat):
+    """The whole padded fp32 gradient of one trainable flat on every rank (collective), or None where no rank has
+    one. A rank without a gradient contributes zeros, as an unsharded gradient that was never set would be."""
+    ctx = unit.ctx
+    if not flat.requires_grad:
+        return None
+    grad = flat.shard.grad
+    if ctx.strategy is ShardingStrategy.NO_SHARD:
+        return grad  # all-reduced: the same whole gradient on every rank
+    anyone = torch.tensor([float(grad is not None)], device=flat.shard.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=ctx.pg)
+    if not anyone.item():
+        return None
+    local = grad.detach().clone() if grad is not None else torch.zeros_like(flat.shard)
+    full = torch.empty(flat.padded_numel, dtype=local.dtype, device=local.device)
+    all_gather_flat(full, local, ctx.pg, ctx.world_size, unit.name)
+    return full
+
+
+def register_full_params(unit, flat, full: torch.Tensor, grad=None) -> list[tuple]:
+    """Make every original attribute of `flat` a real nn.Parameter again, a view of `full` (with `grad`'s view as
+    its .grad), and unregister what stood in for them (the flat shard, or the sharded original parameters).
+    Returns what to put back."""
     replaced = [(unit.module, flat_param_name(flat), unit.module._parameters.pop(flat_param_name(flat), None))]
     for slot in flat.slots:
         param = nn.Parameter(full[slot.offset:slot.offset + slot.numel].view(slot.shape),
                              requires_grad=flat.requires_grad)
+        if grad is not None:
+            param.grad = grad[slot.offset:slot.offset + slot.numel].view(slot.shape)
         for owner, attr, _q in slot.aliases:
-            owner.__dict__.pop(attr, None)  # an unsharded view installed by the last forward
+            owner.__dict__.pop(attr, None)  # what stands in while sharded, or a view left by the last forward
             replaced.append((owner, attr, owner._parameters.get(attr)))
             owner._parameters[attr] = param
     return replaced
 
 
 def put_back(flat, replaced: list[tuple]) -> None:
-    """Undo register_full_params: the stand-ins go back, and the attributes are views of the unsharded buffer
-    again (with use_orig_params a freed unit's attribute is the registered parameter, so nothing to install)."""
+    """Undo register_full_params: the stand-ins go back, and the attributes are what they are outside forward
+    (views of a buffer that stays unsharded, or what stands in for a freed one)."""
     for owner, attr, previous in reversed(replaced):
         if previous is None:
             owner._parameters.pop(attr, None)
         else:
             owner._parameters[attr] = previous
-    if not flat.views_dropped_when_freed:
-        flat.install_views()
+    flat.install_views()
 
 
 def settle(model, what: str) -> None:
@@ -66,25 +89,57 @@ def settle(model, what: str) -> None:
     model._reshard_all("summon")
 
 
+def write_back(ctx, flat, full: torch.Tensor, grad) -> None:
+    """Copy this rank's part of a summoned (and perhaps edited) full buffer, and gradient, back to the shard."""
+    if full.data_ptr() != flat.shard.data_ptr():  # NO_SHARD's master is the live buffer itself, unless offloaded
+        flat.shard.data.copy_(full if ctx.strategy is ShardingStrategy.NO_SHARD else flat.my_chunk(full))
+        if flat.replica is not None:
+            flat.replica.data.copy_(full)
+    if grad is not None and (flat.shard.grad is None or grad.data_ptr() != flat.shard.grad.data_ptr()):
+        mine = grad if ctx.strategy is ShardingStrategy.NO_SHARD else flat.my_chunk(grad)
+        if flat.shard.grad is None:
+            flat.shard.grad = mine.to(flat.shard.device, copy=True)
+        else:
+            flat.shard.grad.copy_(mine)
+
+
 @contextlib.contextmanager
-def summon_full_params(model, writeback: bool = True):
-    """`model` is an FSDP root; FSDP.summon_full_params checks that before calling here."""
+def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank0_only: bool = False,
+                       offload_to_cpu: bool = False, with_grads: bool = False):
+    """`model` is an FSDP root; FSDP.summon_full_params checks the options and finds the roots.
+
+    [Note: recurse=False] torch FSDP1 has one FSDP object per wrapped module, and recurse=False summons only the
+    one it is given: its own parameters, not those of the FSDP modules nested in it (TRL summons the root this way
+    to generate, while the nested ones gather in their own forwards). Here one FSDP object holds every unit, and
+    its root unit is what torch's root FSDP module owns: the parameters no wrapped submodule claims. So
+    recurse=False summons the root unit only; every other unit stays sharded, as torch's nested FSDP modules do,
+    and still gathers in its own forward. A unit that is summoned does not gather or free in forward: it
+    computes with the summoned parameters.
+    """
     ctx = model._ctx
+    if any(u.summoned for u in model.units):
+        raise RuntimeError("summon_full_params cannot be nested: this model's parameters are already summoned")
     settle(model, "summon_full_params")
-    restored = []  # (unit, flat, full fp32, what to put back)
+    units = model.units if recurse else [u for u in model.units if u.is_root]
+    keep = not rank0_only or ctx.rank == 0  # rank0_only: the others take part in the gathers and see shards
+    restored = []  # (unit, flat, full fp32, full gradient or None, what to put back or None)
     try:
-        for unit in model.units:
+        for unit in units:
             for flat in unit.flats:
-                full = gather_master(unit, flat)
-                restored.append((unit, flat, full, register_full_params(unit, flat, full)))
+                full, grad = gather_master(unit, flat), gather_grad(unit, flat) if with_grads else None
+                if offload_to_cpu:
+                    full, grad = full.cpu(), grad.cpu() if grad is not None else None
+                replaced = register_full_params(unit, flat, full, grad) if keep else None
+                restored.append((unit, flat, full, grad, replaced))
+            unit.summoned = keep
         yield model
     finally:
         with torch.no_grad():
-            for unit, flat, full, replaced in restored:
-                put_back(flat, replaced)
-                if writeback and ctx.strategy is not ShardingStrategy.NO_SHARD:
-                    flat.shard.data.copy_(flat.my_chunk(full))
-                    if flat.replica is not None:
-                        flat.replica.data.copy_(full)
+            for unit, flat, full, grad, replaced in restored:
+                unit.summoned = False
+                if replaced is not None:
+                    put_back(flat, replaced)
+                if writeback:
+                    write_back(ctx, flat, full, grad)
                 if unit.state is not UnitState.SHARDED:
                     unit.free("summon")

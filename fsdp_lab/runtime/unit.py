@@ -75,6 +75,7 @@ class Unit:
         self._inputs_marker = False
         self._inputs_grad_ready = False
         self._backward_started = False
+        self.summoned = False  # inside summon_full_params: forward uses the summoned parameters ([Note: recurse=False])
         self.hook_handles = []  # the module's forward hooks, removed if an outer FSDP takes this unit over
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
@@ -156,6 +157,8 @@ class Unit:
 
     # -- forward -------------------------------------------------------------------------------------------
     def pre_forward(self, module, args, kwargs):
+        if self.summoned:
+            return None
         recompute = self.ctx.in_backward  # activation checkpointing re-runs forward inside backward
         if self.is_root and not recompute:
             self.ctx.begin_iteration()
@@ -183,6 +186,8 @@ class Unit:
         return tree_unflatten(flat, spec)
 
     def post_forward(self, module, args, output):
+        if self.summoned:
+            return output
         recompute = self.ctx.in_backward
         self.ctx.emit("forward_end", self.name, "backward" if recompute else "forward")
         if recompute:

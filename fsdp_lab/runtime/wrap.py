@@ -23,15 +23,31 @@ class ModuleWrapPolicy:
             raise ValueError(f"ModuleWrapPolicy takes nn.Module subclasses, got {bad!r}")
         self.module_classes = classes
 
-    def __call__(self, module: nn.Module, recurse: bool, nonwrapped_numel: int) -> bool:
+    def __call__(self, module: nn.Module, recurse: bool, *args, **kwargs) -> bool:
         return True if recurse else isinstance(module, self.module_classes)
 
     def __repr__(self):
         return f"ModuleWrapPolicy({[c.__name__ for c in self.module_classes]})"
 
 
+def always_wrap_policy(*args, **kwargs) -> bool:
+    """Every submodule is its own unit."""
+    return True
+
+
+def lambda_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int, lambda_fn: Callable) -> bool:
+    """Wrap the modules for which lambda_fn(module) is true (PEFT picks its LoRA layers this way)."""
+    return True if recurse else bool(lambda_fn(module))
+
+
+def _or_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int, policies) -> bool:
+    """Wrap a module if any of `policies` would: functools.partial(_or_policy, policies=[p1, p2])."""
+    return any(_as_callable(policy)(module=module, recurse=recurse, nonwrapped_numel=nonwrapped_numel)
+               for policy in policies)
+
+
 def transformer_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int,
-                                 transformer_layer_cls=()) -> bool:
+                                 transformer_layer_cls) -> bool:
     """Use with functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})."""
     if not transformer_layer_cls:
         raise ValueError(_missing_layer_cls_message(None))

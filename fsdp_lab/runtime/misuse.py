@@ -1,0 +1,150 @@
+"""Mistakes that would otherwise train nothing, or die in a collective, caught where they can be seen.
+
+[Note: traps that train nothing] Wrapping replaces objects the user may still hold: the original parameters
+leave the module (the flat shards, or new sharded parameters, stand in for them), and a module already inside an
+FSDP holds flat shards rather than its parameters. Nothing fails afterwards: an optimizer built before wrapping
+steps parameters that never get a gradient, a second FSDP over a wrapped module's inner module would shard the
+shards. And a `requires_grad_()` after wrapping changes a flag that the flat buffers, split by requires_grad at
+wrap time, no longer read. Each of these is detected once, where it first matters, and named:
+- every object wrapping replaces is marked (`REPLACED_BY`); an optimizer's first step checks its parameters for
+  the mark (torch's global step pre-hook, registered per model, removed with it; one look per optimizer);
+- the flat shards carry the unit they belong to (`FLAT_OF`), so wrapping a module that holds one is refused;
+- the root's forward compares each registered parameter's requires_grad with its flat buffer's (a few dozen
+  flags, or one per parameter with use_orig_params).
+
+[Note: every rank wraps the same model] Each collective assumes every rank's unit has the same sizes. Ranks that
+built different models (a config read differently, a vocabulary padded on one rank) would otherwise abort in the
+first all-gather with the backend's "data size doesn't match", or hang. So wrapping compares a hash of every
+unit's parameter names and shapes across ranks (one small all-gather), and on a difference gathers the lists and
+names the first unit and parameter that differ, with both shapes.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from torch import nn
+
+REPLACED_BY = "_fsdp_lab_replaced_by"  # on a Parameter wrapping removed: the name it had in the model
+FLAT_OF = "_fsdp_lab_flat_of"  # on a flat shard: the unit it is the shard of
+_CHECKED = "_fsdp_lab_checked"  # on an optimizer whose parameters were looked at
+
+
+def mark_replaced(param: nn.Parameter, name: str) -> None:
+    setattr(param, REPLACED_BY, name)
+
+
+def refuse_wrapped_inside(module: nn.Module) -> None:
+    """A module that holds a flat shard is already inside an FSDP: wrapping it again would shard the shards."""
+    for name, param in module.named_parameters():
+        unit = getattr(param, FLAT_OF, None)
+        if unit is not None:
+            raise ValueError(f"module is already wrapped: its parameter '{name}' is the flat shard of FSDP unit "
+                             f"'{unit}' of an existing FSDP. Wrap the plain module once (FSDP(model) with an "
+                             f"auto_wrap_policy), or use the existing FSDP object; to change options, build the "
+                             f"plain model again")
+
+
+def _check_optimizer(optimizer, _args, _kwargs) -> None:
+    if getattr(optimizer, _CHECKED, False):
+        return
+    stale = [getattr(p, REPLACED_BY) for group in optimizer.param_groups for p in group["params"]
+             if hasattr(p, REPLACED_BY)]
+    if stale:
+        raise RuntimeError(f"{type(optimizer).__name__}.step(): the optimizer holds {len(stale)} parameter(s) that "
+                           f"FSDP replaced when it wrapped the model (first: '{stale[0]}'). They are no longer the "
+                           f"model's and never get a gradient, so this step trains nothing. Build the optimizer "
+                           f"after wrapping: torch.optim.AdamW(model.parameters(), ...)")
+    setattr(optimizer, _CHECKED, True)
+
+
+def watch_optimizers(model: nn.Module) -> None:
+    """Check every optimizer's first step ([Note: traps that train nothing]); the hook goes when `model` does."""
+    handle = register_optimizer_step_pre_hook(_check_optimizer)
+    weakref.finalize(model, handle.remove)
+
+
+def check_requires_grad(units) -> None:
+    """Refuse a requires_grad changed after wrapping ([Note: traps that train nothing])."""
+    for unit in units:
+        for flat in unit.flats:
+            params = flat.orig_params if flat.orig_params is not None else [flat.shard]
+            for param, slot in zip(params, flat.slots):
+                if param.requires_grad != flat.requires_grad:
+                    name = slot.name if flat.orig_params is not None else \
+                        f"{', '.join(s.name for s in flat.slots[:3])}{', ...' if len(flat.slots) > 3 else ''}"
+                    raise RuntimeError(
+                        f"requires_grad of '{name}' (FSDP unit '{unit.name}') was set to {param.requires_grad} "
+                        f"after wrapping; it was {flat.requires_grad} when FSDP split the unit's parameters into "
+                        f"frozen and trainable flat buffers, and that split decides what trains. Call "
+                        f"requires_grad_() on the plain module before FSDP(...)")
+
+
+def _digest(signature) -> int:
+    return int.from_bytes(hashlib.sha256(repr(signature).encode()).digest()[:8], "little", signed=True)
+
+
+def check_same_model(signature: list, pg, rank: int, world_size: int, device: torch.device) -> None:
+    """Collective ([Note: every rank wraps the same model]). `signature` is, per unit in order, (unit name,
+    [(parameter name, shape, requires_grad), ...]). The digests travel as tensors on the model's device (what
+    NCCL needs); only a difference, which ends the run anyway, sends the lists as objects."""
+    if world_size == 1:
+        return
+    digest = torch.tensor([_digest(signature)], dtype=torch.int64, device=device)
+    digests = [torch.empty_like(digest) for _ in range(world_size)]
+    dist.all_gather(digests, digest, group=pg)
+    if len({int(d.item()) for d in digests}) == 1:
+        return
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, signature, group=pg)
+    other = next(r for r in range(world_size) if everyone[r] != signature)
+    mine = signature
+    for i in range(max(len(mine), len(everyone[other]))):
+        a = mine[i] if i < len(mine) else None
+        b = everyone[other][i] if i < len(everyone[other]) else None
+        if a == b:
+            continue
+        unit = (a or b)[0] or "<root>"
+        if a is None or b is None or a[0] != b[0]:
+            raise ValueError(f"ranks wrap different models: FSDP unit {i} is "
+                             f"'{a[0] if a else None}' on rank {rank} but '{b[0] if b else None}' on rank {other}; "
+                             f"every rank must build the same model and wrap it with the same policy")
+        for pa, pb in itertools.zip_longest(a[1], b[1]):
+            if pa != pb:
+                raise ValueError(f"ranks wrap different models: FSDP unit '{unit}' has "
+                                 f"{_describe(pa)} on rank {rank} but {_describe(pb)} on rank {other}; every rank "
+                                 f"must build the same model (same config, same sizes) before wrapping")
+
+
+def _describe(entry) -> str:
+    if entry is None:
+        return "no such parameter"
+    name, shape, requires_grad = entry
+    return f"'{name}' of shape {tuple(shape)}{'' if requires_grad else ' (frozen)'}"
+
+
+def _in_compiled_region() -> bool:
+    """True while Dynamo traces, and also where it gave up on a frame and runs it eagerly inside a compiled call
+    (its frame callback is still set): that is how a `raise` under torch.compile runs, so checking only
+    torch.compiler.is_compiling() would let the forward go on. torch's own set_stance asks the same question."""
+    if torch.compiler.is_compiling():
+        return True
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:  # a torch built without Dynamo
+        return False
+    return get_eval_frame_callback() not in (None, False)
+
+
+def refuse_compile() -> None:
+    """[Note: torch.compile of the whole model] The units' hooks gather, free by storage resize and install
+    views: state changes that Dynamo cannot trace (Inductor fails on the resize's dynamic size). A block compiled
+    before wrapping runs inside the hooks, which stay eager, so that is the way to compile."""
+    if _in_compiled_region():
+        raise RuntimeError("torch.compile(model) of an fsdp_lab.FSDP model is not supported: its gather/free hooks "
+                           "resize storage, which Dynamo cannot trace. Compile each block instead, before wrapping: "
+                           "for block in module.blocks: block.compile() (or torch.compile(block)), then FSDP(module)")
