@@ -185,6 +185,34 @@ def test_planner_shows_the_measured_point_beside_the_formula(run):
     assert p.numbers()["state_bytes"] == formulas.m_zero3(m.phi, 2)
 
 
+def test_jumping_to_the_measured_run_plans_that_model_not_a_llama_guess(run):
+    """Chapter 03's button: no "0.00 GB", no more block parameters than the model has, and the run's own
+    sequence length, micro-batch, precision and vocabulary for the activations and logits."""
+    from fsdp_lab.training.models import PRESETS
+    cfg = PRESETS[run.preset]
+    p = Planner(measured=MeasuredPoint.from_run(run))
+    p.jump_to_measured()
+    plan = p.plan
+    assert (plan.layers, plan.hidden, plan.heads, plan.vocab) == (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+    assert plan.layers * plan.phi_layer <= run.phi
+    assert (plan.seq_len, plan.micro_batch, plan.precision) == (run.seq_len, run.micro_batch, "fp32")
+    assert plan.logits_bytes == (4 + 4) * run.seq_len * run.micro_batch * cfg.vocab_size
+    assert "0.00 GB" not in p.formula.value and "KiB" in p.formula.value
+    assert p.figure().axes[1].get_ylabel() == "peak per GPU (MiB)"
+
+
+def test_planner_has_recompute_sequence_micro_batch_and_attention_controls():
+    p = Planner(phi=7e9, n=8, gpu_mem_gb=80)
+    assert "MeasuredPoint" not in p.formula.value + p.measured_html.value  # no developer text without a run
+    p.seq.value = 4096
+    assert p.plan.seq_len == 4096 and p.plan.fits("ZeRO-3")
+    p.attention.value = "materialized"
+    assert p.plan.n_min_with_activations is None and "scores stored" in p.formula.value
+    p.attention.value, p.recompute.value, p.micro_batch.value = "fused", True, 4
+    want = planner.plan(7e9, 8, 80, seq_len=4096, micro_batch=4, recompute=True)
+    assert p.numbers()["peak_bytes"] == want.peak_bytes("ZeRO-3") and "recomputed in backward" in p.formula.value
+
+
 def test_the_potluck_agrees_with_itself_at_every_event(run):
     """Before a household's first event its memory panel already counts its shards (no "0 B" beside a full
     fridge); a unit being reduce-scattered is not "computing"; the optimizer state sits in the fridge."""
