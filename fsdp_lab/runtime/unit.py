@@ -13,8 +13,10 @@ the frozen weights. If neither signal can fire, the root's end-of-backward callb
 [Note: overlap] A gather is issued (state GATHERING) and waited for (state UNSHARDED) in two separate places, so
 that prefetch can issue the next unit's gather while this one computes: forward_prefetch in pre_forward,
 BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are reduced and it is freed. At most
-ctx.max_gathers_in_flight gathers are issued and not yet waited for. On CUDA the copy-in and the collective run
-on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
+ctx.max_gathers_in_flight gathers are issued and not yet waited for. That counts gathers, which is weaker than
+torch's limit_all_gathers: torch bounds the unsharded buffers *allocated* and not yet freed (its rate limiter
+makes the CPU wait for the free of the unit two back before it issues the next all-gather).
+On CUDA the copy-in and the collective run on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
 the memory rules); on CPU the same code runs with null streams. Reductions are waited for at the latest by the
 root's end-of-backward callback.
 """
@@ -213,11 +215,11 @@ class Unit:
                 if flat.orig_params is not None:
                     flat.orig_grads_to_shard()
             self.ensure_unsharded("backward")
-            # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing and
-            # Hugging Face's gradient checkpointing do it) is recomputed without pre_forward: the attributes
-            # must point at the re-gathered buffer now. Only use_orig_params drops them at the free; otherwise
-            # they are views of the buffer the re-gather refilled. Grad mode on, so the recomputation saves
-            # what the forward saved.
+            # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing does it;
+            # Hugging Face checkpoints the layer's __call__, hooks inside) is recomputed without pre_forward: the
+            # attributes must point at the re-gathered buffer now. Only use_orig_params drops them at the free;
+            # otherwise they are views of the buffer the re-gather refilled. Grad mode on, so the recomputation
+            # saves what the forward saved.
             with torch.enable_grad():
                 for flat in self.flats:
                     if flat.views_dropped_when_freed:
