@@ -4,6 +4,7 @@ import multiprocessing
 import shlex
 import socket
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -230,3 +231,13 @@ def test_child_env_drops_an_empty_token_only(tmp_path):
 def test_build_command_allow_root_only_when_asked(tmp_path):
     assert "--allow-root" not in lab.build_command(tmp_path)
     assert "--allow-root" in lab.build_command(tmp_path, as_root=True)
+
+
+def test_the_launcher_turns_the_jupyter_news_pop_up_off(tmp_path):
+    """[Note: no news pop-up]: the shipped overrides.json sets fetchNews to "false", and the server fetches no news."""
+    argv = lab.build_command(tmp_path)
+    settings = next(a.split("=", 1)[1] for a in argv if a.startswith("--LabApp.app_settings_dir="))
+    overrides = json.loads((Path(settings) / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    assert "--LabApp.news_url=None" in argv
+    assert "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate" in argv

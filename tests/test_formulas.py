@@ -286,3 +286,31 @@ def test_plan_is_frozen_and_validates_itself():
     with pytest.raises(ValueError, match="reserve_fraction"):
         P.plan(7e9, 8, 80, reserve_fraction=1.0)
     assert math.isclose(F.m_zero3(7e9, 3) * 3, 112e9)
+
+
+def test_hybrid_shard_keeps_the_gathers_inside_the_node():
+    """7B on 8 nodes × 8 GPUs, bf16 gathers and fp32 reduce: FULL_SHARD sends ~55 GB per GPU per step over the
+    links between nodes; HYBRID_SHARD sends 48 GB over NVLink and only 12 GB between nodes."""
+    phi = 7e9
+    flat = F.node_traffic(phi, 8, 8, "FULL_SHARD")
+    hybrid = F.node_traffic(phi, 8, 8, "HYBRID_SHARD")
+    assert flat.intra_node == 0 and flat.inter_node == pytest.approx(63 / 64 * phi * 8)
+    assert hybrid.intra_node == pytest.approx(7 / 8 * phi * 8)
+    assert hybrid.inter_node == pytest.approx(2 * 7 / 8 * phi / 8 * 4)
+    assert flat.inter_node / hybrid.inter_node > 4
+    one_node = F.node_traffic(phi, 8, 1, "FULL_SHARD")
+    assert one_node.inter_node == 0 and one_node.intra_node == pytest.approx(F.c_step_exact(phi, 8) * 8 / 3)
+    assert F.node_traffic(phi, 8, 1, "HYBRID_SHARD").inter_node == 0
+    with pytest.raises(ValueError, match="unknown strategy 'NO_SHARD'"):
+        F.node_traffic(phi, 8, 2, "NO_SHARD")
+
+
+def test_cpu_offload_moves_the_whole_sharded_state_to_the_host():
+    """Chapter 07's 7B on 4 × RTX 4090 (24 GB): 16Φ/N = 28 GB of state cannot fit a card, recompute or not; with
+    torch's offload (params, grads and Adam on the host, the step on the CPU) the card holds only what it
+    computes, and each rank needs 28 GB of host memory."""
+    p = P.plan(7e9, 4, 24, recompute=True)
+    assert not p.fits("ZeRO-3") and p.zero3_bytes == 28 * 10**9
+    assert p.cpu_offload_host_bytes == 28 * 10**9
+    assert p.cpu_offload_gpu_bytes == p.peak_bytes("ZeRO-3") - p.zero3_bytes + 4 * p.phi_layer // 4
+    assert p.cpu_offload_gpu_bytes < 0.8 * p.gpu_mem_bytes  # fits, with the reserve kept free

@@ -98,6 +98,36 @@ def comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=4, reduce_bytes=4, ddp_bytes=4, 
     return _exact(fsdp / c_ddp(1, n, ddp_bytes))
 
 
+@dataclass(frozen=True)
+class NodeTraffic:
+    """Bytes one GPU sends per step over the links inside its node and over the links between nodes."""
+
+    intra_node: float
+    inter_node: float
+
+
+def node_traffic(phi, gpus_per_node, nodes, strategy="FULL_SHARD", param_bytes=2, reduce_bytes=4):
+    """Where a step's bytes go on `nodes` × `gpus_per_node` GPUs: the bandwidth gap HYBRID_SHARD is for.
+
+    FULL_SHARD shards over all N = G·M GPUs; its rings span the nodes, so every collective runs at the speed of
+    the links between nodes and all of C_step counts as inter-node: (N−1)/N·Φ·(2·param_bytes + reduce_bytes).
+    HYBRID_SHARD shards inside a node and replicates across nodes: the two gathers and the reduce-scatter stay on
+    the node's links, (G−1)/G·Φ·(2·param_bytes + reduce_bytes), and only an all-reduce of each GPU's gradient
+    shard Φ/G crosses nodes: 2·(M−1)/M·(Φ/G)·reduce_bytes. Memory: HYBRID_SHARD holds 16Φ/G, not 16Φ/N."""
+    _check(phi=phi, gpus_per_node=gpus_per_node, nodes=nodes, param_bytes=param_bytes, reduce_bytes=reduce_bytes)
+    for name, v in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
+        if isinstance(v, bool) or not isinstance(v, Integral):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    g, m, per_pass = gpus_per_node, nodes, 2 * param_bytes + reduce_bytes
+    if strategy == "FULL_SHARD":
+        n = g * m
+        sent = (n - 1) / n * phi * per_pass
+        return NodeTraffic(0.0, sent) if m > 1 else NodeTraffic(sent, 0.0)
+    if strategy == "HYBRID_SHARD":
+        return NodeTraffic((g - 1) / g * phi * per_pass, 2 * (m - 1) / m * phi / g * reduce_bytes)
+    raise ValueError(f"unknown strategy {strategy!r}; expected FULL_SHARD or HYBRID_SHARD")
+
+
 # -- 混合精度 / ZeRO对比 / 工程实践 / 适用场景 ------------------------------------------------------------------
 def m_fsdp(phi, n, phi_layer):
     """M_FSDP = 4Φ/N + 8Φ/N + 2Φ_layer (article): master shard, Adam shard, the unit's bf16 working copy.

@@ -96,6 +96,19 @@ class Plan:
         """Everything on top of the sharded state: the same on every GPU, whatever the stage."""
         return self.working_bytes + self.activation_bytes + self.recompute_layer_bytes + self.logits_bytes
 
+    @property
+    def cpu_offload_gpu_bytes(self) -> int:
+        """Per-GPU peak under torch's CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy):
+        parameters, gradients and optimizer state live on the host and the optimizer steps there, so the card
+        holds only what is computed: working copies, activations, logits, plus the unit's fp32 shard copied in
+        for its all-gather (4·Φ_layer/N)."""
+        return self.extra_bytes + math.ceil(4 * self.phi_layer / self.gpus)
+
+    @property
+    def cpu_offload_host_bytes(self) -> int:
+        """Host memory per rank under CPU offload: the whole sharded state, 16Φ/N (fp32 params, grads, Adam)."""
+        return self.zero3_bytes
+
     def fits(self, stage, with_activations=True) -> bool:
         return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
 
