@@ -63,7 +63,7 @@ class PotluckLifecycle(QuietRepr, widgets.VBox):
                                         continuous_update=True, disabled=not self.events,
                                         layout=widgets.Layout(width="460px"))
         self._link = widgets.link((self.play, "value"), (self.slider, "value"))
-        self.next_button = widgets.Button(description="next beat ⏭", disabled=not self.events,
+        self.next_button = widgets.Button(description="next beat »", disabled=not self.events,
                                           tooltip="jump to the next beat (another beat or another unit)",
                                           layout=widgets.Layout(width="120px"))
         self.next_button.on_click(lambda _b: self.next_beat())
