@@ -25,6 +25,13 @@ from fsdp_lab.lessons.quiz.terminal import summary
 from fsdp_lab.lessons.widgets.static import QuietRepr
 
 _FULL_WIDTH = widgets.Layout(width="100%")
+# ipywidgets gives each radio label and checkbox a fixed one-line height: a long option would overflow onto the
+# next one and push its own button out of view. Inside a quiz, options wrap and grow instead.
+_OPTION_CSS = ("<style>.fsdp-quiz .widget-radio-box label{height:auto;min-height:20px;line-height:18px;"
+               "display:flex;align-items:flex-start;gap:6px;margin:2px 0;white-space:normal}"
+               ".fsdp-quiz .widget-radio-box input{float:none;flex:0 0 auto;height:18px;margin:0}"
+               ".fsdp-quiz .widget-checkbox{height:auto;min-height:20px;line-height:18px;align-items:flex-start}"
+               ".fsdp-quiz .widget-checkbox label{white-space:normal;height:auto;line-height:18px}</style>")
 _VERDICT_COLOUR = ("#b91c1c", "#b45309", "#15803d")  # wrong, partly right, right
 _TEXT = {
     "en": {"blank": "{n} question(s) left blank ({which}): a blank question scores 0. Press Submit again to "
@@ -77,7 +84,7 @@ class QuizWidget:
         self.submit_button.on_click(self._on_submit_click)
         self.retry_button.on_click(self.retry)
         heading = msg(lang, "header", key=chapter.key, title=chapter.title.get(lang), n=len(self.run))
-        header = widgets.HTML(f"<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
+        header = widgets.HTML(f"{_OPTION_CSS}<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
         items = [header]
         for shown, control, fb in zip(self.run.shown, self.controls, self.feedback):
             q = shown.question
@@ -86,6 +93,7 @@ class QuizWidget:
             items.append(widgets.VBox([widgets.HTML(f"<b>{_html(title)}</b> {_html(shown.prompt)}"), control, fb]))
         items += [self.history, widgets.HBox([self.submit_button, self.retry_button]), self.summary]
         self.box = _QuizBox(items)
+        self.box.add_class("fsdp-quiz")
 
     def _control(self, index: int) -> widgets.Widget:
         shown = self.run.shown[index]
