@@ -42,7 +42,8 @@ def test_table_has_every_stage_with_its_bytes_and_verdict(capsys):
         return {m.group(1): (float(m.group(2)), m.group(3).strip())
                 for m in re.finditer(r"^\s+(DDP|ZeRO-[123])\s.*?([\d.]+) GB\s+[\d.]+ GB\s+(.+)$", out, re.M)}
     _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80")
-    assert rows(out) == {"DDP": (112.0, "no"), "ZeRO-1": (63.0, "yes"), "ZeRO-2": (38.5, "yes"), "ZeRO-3": (14.0, "yes")}
+    assert rows(out) == {"DDP": (112.0, "no"), "ZeRO-1": (63.0, "yes"), "ZeRO-2": (38.5, "yes"),
+                         "ZeRO-3": (14.0, "yes")}
     _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--seq-len", "4096")
     assert rows(out)["ZeRO-1"] == (63.0, "state only")  # 63 GB of state + 19.8 GB of activations and logits
 

@@ -266,6 +266,40 @@ def test_widgets_show_no_python_repr_before_they_run(run):
     assert base64.b64decode(Planner()._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
 
 
+def test_every_widget_previews_itself_with_a_hint_and_no_answer(run):
+    """[Note: first-open previews]: text/html with a run-this-cell hint and what the widget will show; the
+    answers behind a button and the quiz's key and feedback are not in it."""
+    from fsdp_lab.lessons.quiz import quiz
+    from fsdp_lab.lessons.widgets import reveal_answers
+
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2)
+    empty = LiveMemoryChart(run.trace_dir / "nothing-here", total_steps=2, world_size=2)
+    chart.update()
+    potluck = PotluckLifecycle.from_lifecycle_run(run, step=1)
+    widgets_and_content = [(potluck, "blocks.0"), (chart, "data:image/png;base64,"), (Planner(), "16Φ/N"),
+                           (empty, "The chart appears here"),
+                           (reveal_answers(["1. the root stays"]), "Show the answers"),
+                           (quiz("10", lang="en", progress=False), "Q10/10")]
+    for w, content in widgets_and_content:
+        page = w._repr_mimebundle_()["text/html"]
+        assert "▶ Run" in page and content in page, (type(w).__name__, page[:300])
+    assert "the root stays" not in reveal_answers(["1. the root stays"])._repr_mimebundle_()["text/html"]
+    page = quiz("10", lang="en", progress=False)._repr_mimebundle_()["text/html"]
+    assert "Answer:" not in page and "Right:" not in page and "Why:" not in page
+
+
+def test_the_live_chart_republishes_its_preview_once_the_run_is_in(run, monkeypatch):
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2)
+    updates = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            updates.append(bundle)
+    chart._preview_handle = Handle()
+    chart.wait(timeout_s=10)
+    assert updates and "image/png" in updates[-1] and "application/vnd.jupyter.widget-view+json" in updates[-1]
+
+
 def test_planner_right_chart_follows_the_controls_and_says_why_precision_leaves_states_alone():
     p = Planner(phi=7e9, n=8, gpu_mem_gb=80)
     def right_heights():

@@ -16,9 +16,9 @@ BACKWARD_PRE when a unit's backward starts, BACKWARD_POST once its gradients are
 ctx.max_gathers_in_flight gathers are issued and not yet waited for. That counts gathers, which is weaker than
 torch's limit_all_gathers: torch bounds the unsharded buffers *allocated* and not yet freed (its rate limiter
 makes the CPU wait for the free of the unit two back before it issues the next all-gather).
-On CUDA the copy-in and the collective run on the gather stream and the reduce-scatter on the reduce stream (fsdp_lab/runtime/streams.py explains the ordering and
-the memory rules); on CPU the same code runs with null streams. Reductions are waited for at the latest by the
-root's end-of-backward callback.
+On CUDA the copy-in and the collective run on the gather stream and the reduce-scatter on the reduce stream
+(fsdp_lab/runtime/streams.py explains the ordering and the memory rules); on CPU the same code runs with null
+streams. Reductions are waited for at the latest by the root's end-of-backward callback.
 """
 from __future__ import annotations
 

@@ -214,7 +214,8 @@ def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute=Fa
     layer norms 4 (1-byte dropout masks); 5as²b = the stored s×s attention scores, softmax and its dropout.
     attention="fused" (the default): SDPA/FlashAttention never stores the s×s scores; backward recomputes them
     from Q, K, V and one fp32 log-sum-exp per head and row, so the layer keeps 34·s·b·h + 4·a·s·b. The course
-    GPT (SDPA, chapter 06) measures 2056 KiB per block against its 2184 KiB; the materialized formula overshoots by the 5as²b term.
+    GPT (SDPA, chapter 06) measures 2056 KiB per block against its 2184 KiB; the materialized formula
+    overshoots by the 5as²b term.
     Full recompute keeps only the layer input: 2·s·b·h."""
     _check(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads)
     if attention not in ATTENTION:

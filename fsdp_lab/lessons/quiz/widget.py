@@ -46,7 +46,13 @@ _TEXT = {
 
 
 class _QuizBox(QuietRepr, widgets.VBox):
-    """The quiz's box: no Python repr in a notebook opened before it runs."""
+    """The quiz's box: no Python repr in a notebook opened before it runs, but its questions and a hint."""
+
+    preview_hint = "Run this cell (Shift+Enter) to take the quiz: pick your answers, then press Submit."
+    preview = ""
+
+    def preview_html(self) -> str:
+        return self.preview
 
 
 def _display_path(path: Path) -> str:
@@ -94,6 +100,20 @@ class QuizWidget:
         items += [self.history, widgets.HBox([self.submit_button, self.retry_button]), self.summary]
         self.box = _QuizBox(items)
         self.box.add_class("fsdp-quiz")
+        self.box.preview = self._preview_html(heading)
+
+    def _preview_html(self, heading: str) -> str:
+        """The questions and their options as the form will show them; no key, no feedback."""
+        parts = [f"<h3>{_html(heading)}</h3>"]
+        for shown in self.run.shown:
+            q = shown.question
+            title = msg(self.lang, "question", number=shown.number, total=len(self.run),
+                        type=msg(self.lang, q.type.value), difficulty=difficulty_label(q.difficulty, self.lang))
+            mark = "○" if q.type is QuestionType.SINGLE else "☐"
+            options = "".join(f"<div style='margin-left:12px'>{mark} {_html(f'{o.letter}. {o.text}')}</div>"
+                              for o in shown.options)
+            parts.append(f"<div style='margin:6px 0'><b>{_html(title)}</b> {_html(shown.prompt)}{options}</div>")
+        return "".join(parts)
 
     def _control(self, index: int) -> widgets.Widget:
         shown = self.run.shown[index]

@@ -117,6 +117,11 @@ class MeasuredPoint:
 
 
 class Planner(QuietRepr, widgets.VBox):
+    preview_hint = ("Run this cell (Shift+Enter) to move the planner's sliders; until then this is its first view, "
+                    "the article's example.")
+
+    def preview_html(self) -> str:
+        return self.formula.value + self._measured_html()
     def __init__(self, measured: Optional[MeasuredPoint] = None, phi: float = 7e9, n: int = 8,
                  gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16"):
         self.measured = measured
