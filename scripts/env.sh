@@ -10,12 +10,12 @@
 #
 # [Note: which torch] An environment with torch 2.11 or newer keeps it. Otherwise the pinned torch is installed
 # before anything else, so no dependency can pull an unpinned (multi-GB CUDA) build. FSDP_LAB_TORCH_INDEX_URL
-# (pip --index-url) names the index when set, e.g. https://download.pytorch.org/whl/cu126 for CUDA 12.6. Unset, a
-# Linux machine with no NVIDIA GPU (no working `nvidia-smi -L`, nothing under /proc/driver/nvidia/gpus) gets the
-# CPU build from FSDP_LAB_TORCH_CPU_INDEX_URL (default https://download.pytorch.org/whl/cpu, ~200 MB), because
-# PyPI's Linux torch is the CUDA build (~5 GB). When that index cannot be reached in 10 s, pip's configured index
-# is used and the script says so. Elsewhere (a GPU, macOS, Windows) pip's configured index is used. Every branch
-# prints which build it installs.
+# (pip --index-url) names the index when set, e.g. https://download.pytorch.org/whl/cu126 for CUDA 12.6. Unset,
+# a Linux machine with no NVIDIA GPU (no working `nvidia-smi -L`, nothing under /proc/driver/nvidia/gpus) gets
+# the CPU build from FSDP_LAB_TORCH_CPU_INDEX_URL (default https://download.pytorch.org/whl/cpu, a few hundred
+# MB), because PyPI's Linux torch is the CUDA build (several GB). When that index cannot be reached in 10 s,
+# pip's configured index is used and the script says so. Elsewhere (a GPU, macOS, Windows) pip's configured
+# index is used. Every branch prints which build it installs.
 #
 # FSDP_LAB_PIP_DRY_RUN=1 prints each pip command instead of running it; the interpreter is still picked and .venv
 # still made, which is what tests/test_install_env.py exercises.
