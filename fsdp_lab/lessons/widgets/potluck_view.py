@@ -59,7 +59,7 @@ def _fridge(h: Household, scale: Scale) -> str:
         rows.append(_row(unit, body, note))
     if h.optimizer_bytes:
         rows.append(_row("Adam", _bar(h.optimizer_bytes / scale.fridge_max, "#34d399", _UNIT_PX),
-                         f"{human_bytes(h.optimizer_bytes)} · AdamW moments 优化器状态"))
+                         f"{human_bytes(h.optimizer_bytes)} · AdamW moments"))
     else:
         rows.append(_row("Adam", "<span style='color:#9ca3af'>none yet: AdamW makes its moments at the first "
                                  "optimizer step</span>"))
