@@ -279,3 +279,47 @@ def test_chapter_03_runs_plays_and_draws(lab):
             raise
         finally:
             browser.close()
+
+
+def test_chapter_09_quiz_long_options_wrap_without_overlap(lab):
+    """Chapter 09's quiz alone, run live: every option label is as tall as its wrapped text, keeps its radio
+    button inside it, and does not overlap the next option."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, _root = lab
+    chapter = next(c for c in CHAPTERS if c.name.startswith("09-"))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 1400})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{chapter.name}?reset&token={token}", wait_until="domcontentloaded")
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+            cell = page.locator(".jp-CodeCell:has-text('quiz(\"09\"')").last
+            cell.scroll_into_view_if_needed()
+            cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")
+            quiz = page.locator(".fsdp-quiz").last
+            quiz.wait_for(timeout=90_000)
+            quiz.scroll_into_view_if_needed()
+            problems = quiz.evaluate("""q => {
+                const out = [];
+                for (const box of q.querySelectorAll('.widget-radio-box')) {
+                    const labels = [...box.querySelectorAll('label')];
+                    labels.forEach((l, i) => {
+                        const r = l.getBoundingClientRect(), input = l.querySelector('input').getBoundingClientRect();
+                        if (l.scrollHeight > l.clientHeight + 1) out.push('overflows: ' + l.innerText.slice(0, 40));
+                        if (input.left < r.left - 1 || input.right > r.right + 1 || input.width === 0)
+                            out.push('radio hidden: ' + l.innerText.slice(0, 40));
+                        if (input.left > r.left + 8) out.push('radio not in front: ' + l.innerText.slice(0, 40));
+                        const next = labels[i + 1];
+                        if (next && next.getBoundingClientRect().top < r.bottom - 1)
+                            out.push('overlaps the next: ' + l.innerText.slice(0, 40));
+                    });
+                }
+                return out;
+            }""")
+            quiz.screenshot(path=str(ARTIFACTS / "browser-ch09-quiz.png"))
+            assert problems == [], problems
+        finally:
+            browser.close()

@@ -29,7 +29,7 @@ _FULL_WIDTH = widgets.Layout(width="100%")
 # next one and push its own button out of view. Inside a quiz, options wrap and grow instead.
 _OPTION_CSS = ("<style>.fsdp-quiz .widget-radio-box label{height:auto;min-height:20px;line-height:18px;"
                "display:flex;align-items:flex-start;gap:6px;margin:2px 0;white-space:normal}"
-               ".fsdp-quiz .widget-radio-box input{float:none;flex:0 0 auto;height:18px;margin:0}"
+               ".fsdp-quiz .widget-radio-box input{float:none;order:-1;flex:0 0 auto;height:18px;margin:0}"
                ".fsdp-quiz .widget-checkbox{height:auto;min-height:20px;line-height:18px;align-items:flex-start}"
                ".fsdp-quiz .widget-checkbox label{white-space:normal;height:auto;line-height:18px}</style>")
 _VERDICT_COLOUR = ("#b91c1c", "#b45309", "#15803d")  # wrong, partly right, right
