@@ -9,9 +9,13 @@
 # server's CUDA build is reused instead of being replaced by a download.
 #
 # [Note: which torch] An environment with torch 2.11 or newer keeps it. Otherwise the pinned torch is installed
-# before anything else, so no dependency can pull an unpinned (multi-GB CUDA) build: from pip's configured index,
-# or from FSDP_LAB_TORCH_INDEX_URL (pip --index-url), e.g. https://download.pytorch.org/whl/cpu for the CPU build
-# or https://download.pytorch.org/whl/cu126 for CUDA 12.6.
+# before anything else, so no dependency can pull an unpinned (multi-GB CUDA) build. FSDP_LAB_TORCH_INDEX_URL
+# (pip --index-url) names the index when set, e.g. https://download.pytorch.org/whl/cu126 for CUDA 12.6. Unset,
+# a Linux machine with no NVIDIA GPU (no working `nvidia-smi -L`, nothing under /proc/driver/nvidia/gpus) gets
+# the CPU build from FSDP_LAB_TORCH_CPU_INDEX_URL (default https://download.pytorch.org/whl/cpu, a few hundred
+# MB), because PyPI's Linux torch is the CUDA build (several GB). When that index cannot be reached in 10 s,
+# pip's configured index is used and the script says so. Elsewhere (a GPU, macOS, Windows) pip's configured
+# index is used. Every branch prints which build it installs.
 #
 # FSDP_LAB_PIP_DRY_RUN=1 prints each pip command instead of running it; the interpreter is still picked and .venv
 # still made, which is what tests/test_install_env.py exercises.
@@ -119,6 +123,44 @@ fsdp_lab_select_python() {
   export PATH
 }
 
+FSDP_LAB_NVIDIA_PROC=${FSDP_LAB_NVIDIA_PROC:-/proc/driver/nvidia}   # where the NVIDIA driver lists its GPUs
+
+_fsdp_lab_has_nvidia_gpu() {  # true when the NVIDIA driver reports a GPU on this machine
+  if [ -d "$FSDP_LAB_NVIDIA_PROC/gpus" ] && [ -n "$(ls -A "$FSDP_LAB_NVIDIA_PROC/gpus" 2>/dev/null)" ]; then
+    return 0
+  fi
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'
+}
+
+_fsdp_lab_reachable() {  # URL: true when $PY can fetch it within 10 s (asked of Python: no curl needed)
+  "$PY" -c 'import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=10).close()
+except Exception:
+    sys.exit(1)' "$1" >/dev/null 2>&1
+}
+
+# Sets index (empty: pip's configured one) and build (words for the log) per [Note: which torch].
+_fsdp_lab_pick_torch_index() {
+  local cpu=${FSDP_LAB_TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}
+  index=${FSDP_LAB_TORCH_INDEX_URL:-} build="the build that index serves"
+  [ -n "$index" ] && return 0
+  build="pip's default build"
+  if [ "$(uname -s)" != Linux ]; then
+    return 0
+  fi
+  if _fsdp_lab_has_nvidia_gpu; then
+    build="pip's default build (CUDA on Linux: an NVIDIA GPU is present)"
+    return 0
+  fi
+  if _fsdp_lab_reachable "$cpu/torch/"; then
+    index=$cpu build="the CPU build (no NVIDIA GPU found)"
+  else
+    echo "note: no NVIDIA GPU found, but the CPU index $cpu cannot be reached; using pip's configured index," \
+         "which on Linux serves the CUDA build (several GB)" >&2
+  fi
+}
+
 _fsdp_lab_pip() {  # pip ARGS... with $PY, or only printed under FSDP_LAB_PIP_DRY_RUN=1
   if [ "${FSDP_LAB_PIP_DRY_RUN:-}" = 1 ]; then
     echo "dry run: $PY -m pip $*"
@@ -130,14 +172,15 @@ _fsdp_lab_pip() {  # pip ARGS... with $PY, or only printed under FSDP_LAB_PIP_DR
 # [--test]: installs torch if $PY lacks a usable one ([Note: which torch]), then fsdp-lab from this checkout
 # (editable), with the test tools under --test.
 fsdp_lab_install() {
-  local extras="" torch index=${FSDP_LAB_TORCH_INDEX_URL:-}
+  local extras="" torch index=${FSDP_LAB_TORCH_INDEX_URL:-} build
   [ "${1:-}" = --test ] && extras="[test]"
   torch=$(_fsdp_lab_torch "$PY")
   if _fsdp_lab_usable_torch "$torch"; then
     echo "keeping torch ${torch%% *} (${torch#* })${index:+; FSDP_LAB_TORCH_INDEX_URL is not used}" >&2
   else
     [ -n "$torch" ] && echo "note: torch ${torch%% *} is older than $FSDP_LAB_TORCH_MIN; replacing it" >&2
-    echo "installing $FSDP_LAB_TORCH_PIN from ${index:-the index pip is configured with}" >&2
+    _fsdp_lab_pick_torch_index
+    echo "installing $FSDP_LAB_TORCH_PIN, $build, from ${index:-the index pip is configured with}" >&2
     if ! _fsdp_lab_pip install -q ${index:+--index-url "$index"} "$FSDP_LAB_TORCH_PIN"; then
       echo "error: pip could not install $FSDP_LAB_TORCH_PIN into $PY (its output is above)" >&2
       return 1

@@ -1,6 +1,8 @@
-"""Chapter 03 in a real browser: first open shows no widget repr; JupyterLab in headless Chromium runs every
-cell, Play and "next beat" advance the potluck, the charts render, the answers wait for their button, the
-chapter's quiz warns before grading blanks. Screenshots land in artifacts/ (gitignored): the page and each widget.
+"""The chapters in a real browser. Every chapter, opened and not run: no widget area is blank (each shows its
+preview and a run-this-cell hint), no answer is visible, no Jupyter news pop-up covers the page. Chapter 03:
+JupyterLab in headless Chromium runs every cell, Play and "next beat" advance the potluck, the charts render, the
+answers wait for their button, the chapter's quiz warns before grading blanks. Screenshots land in artifacts/
+(gitignored): the pages and each widget.
 
 The server serves a temporary copy of the notebook, so JupyterLab's autosave can never rewrite the committed file,
 and it gets its own settings and workspace directories, so nothing from a user's JupyterLab leaks in. Skipped,
@@ -21,20 +23,26 @@ from pathlib import Path
 
 import pytest
 
+from fsdp_lab.commands.lab import QUIET as LAB_QUIET
+from fsdp_lab.commands.lab import SETTINGS_DIR as LAB_SETTINGS_DIR
 from fsdp_lab.training.launch import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "03-lifecycle.ipynb"
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# What an answer looks like once shown: a graded quiz's key, its explanation, an opened answer box.
+ANSWER_SHOWN = r"(^|\n)\s*(Answer: [A-H]|答案：[A-H]|Why: |解析：)|Hide the answers"
 ARTIFACTS = ROOT / "artifacts"
 CHROMIUM = os.environ.get("FSDP_LAB_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
                  "--no-first-run", "--disable-component-update", "--disable-sync"]
-# Every cell in the DOM (no virtual scrolling), so the test can find widgets far down the notebook.
+# Every cell in the DOM (no virtual scrolling), so the test can find widgets far down the notebook. The news
+# pop-up is left to the app settings `fsdp-lab lab` ships (fsdp_lab/commands/lab.py), which the server uses too.
 SETTINGS = {"@jupyterlab/notebook-extension": {"tracker.jupyterlab-settings": {"windowingMode": "none",
-                                                                              "autoStartDefaultKernel": True}},
-            "@jupyterlab/apputils-extension": {"notification.jupyterlab-settings": {"fetchNews": "false"}}}
+                                                                              "autoStartDefaultKernel": True}}}
 
 
 def _need_browser():
@@ -64,7 +72,8 @@ def lab(tmp_path):
     _need_browser()
     root = tmp_path / "notebooks"
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for chapter in CHAPTERS:
+        shutil.copy(chapter, root / chapter.name)
     settings = tmp_path / "settings"
     for plugin, files in SETTINGS.items():
         for name, value in files.items():
@@ -77,8 +86,7 @@ def lab(tmp_path):
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", f"--port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
          f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
-         "--LabApp.extension_manager=readonly", "--LabApp.news_url=None",
-         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+         "--LabApp.extension_manager=readonly", f"--LabApp.app_settings_dir={LAB_SETTINGS_DIR}", *LAB_QUIET,
          *(["--allow-root"] if os.geteuid() == 0 else [])],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -128,6 +136,57 @@ def _wait_for_all_cells(page, n_code: int, timeout_s: float) -> None:
             return
         page.wait_for_timeout(500)
     raise AssertionError(f"cells did not all finish within {timeout_s:.0f} s; prompts: {_counts(page)}")
+
+
+def _widget_outputs(path: Path) -> int:
+    """How many outputs of the committed notebook hold a widget view."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    return sum(WIDGET_VIEW in out.get("data", {}) for c in cells for out in c.get("outputs", []))
+
+
+def _shut_down_kernels(base: str, token: str) -> None:
+    for kernel in _get(f"{base}/api/kernels?token={token}"):
+        req = urllib.request.Request(f"{base}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+        urllib.request.urlopen(req, timeout=20).close()
+
+
+def test_every_chapter_on_first_open_shows_every_widget_area_and_no_answer(lab):
+    """Nothing run: each widget output shows its preview (hint, and a picture or its HTML), none is blank, and no
+    answer, quiz key or explanation is on the page. No Jupyter news pop-up either."""
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    base, token, _root = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1500})
+            page.set_default_timeout(60_000)
+            for chapter in CHAPTERS:
+                # ?reset: a fresh workspace, so the chapter opened before is not restored beside this one
+                page.goto(f"{base}/lab/tree/{chapter.name}?reset&token={token}", wait_until="domcontentloaded")
+                panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+                panel.locator(".jp-Cell").first.wait_for()
+                panel.locator(".jp-OutputArea-output").first.wait_for()
+                page.wait_for_timeout(1500)  # let the output renderers finish
+                want = _widget_outputs(chapter)
+                hints = panel.locator(".jp-OutputArea-output .fsdp-lab-preview")
+                assert hints.count() == want, f"{chapter.name}: {hints.count()} previews for {want} widget outputs"
+                blank = panel.evaluate("""p => [...p.querySelectorAll('.jp-OutputArea-output')]
+                    .filter(o => !o.innerText.trim() && !o.querySelector('img, svg, canvas')).length""")
+                assert blank == 0, f"{chapter.name}: {blank} blank output area(s) on first open"
+                for i in range(hints.count()):
+                    assert "Run" in hints.nth(i).inner_text(), f"{chapter.name}: preview {i} has no hint"
+                text = panel.inner_text()
+                shown = re.search(ANSWER_SHOWN, text)
+                assert not shown, f"{chapter.name}: an answer is visible on first open: {text[shown.start():][:80]}"
+                assert "official Jupyter news" not in page.inner_text("body"), "the news pop-up is showing"
+                page.screenshot(path=str(ARTIFACTS / f"browser-first-open-{chapter.stem}.png"), full_page=False)
+                _shut_down_kernels(base, token)
+        finally:
+            browser.close()
 
 
 def test_chapter_03_runs_plays_and_draws(lab):
@@ -218,5 +277,49 @@ def test_chapter_03_runs_plays_and_draws(lab):
             page.screenshot(path=str(ARTIFACTS / "browser-ch03-failure.png"))
             (ARTIFACTS / "browser-ch03-failure.html").write_text(page.content())
             raise
+        finally:
+            browser.close()
+
+
+def test_chapter_09_quiz_long_options_wrap_without_overlap(lab):
+    """Chapter 09's quiz alone, run live: every option label is as tall as its wrapped text, keeps its radio
+    button inside it, and does not overlap the next option."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, _root = lab
+    chapter = next(c for c in CHAPTERS if c.name.startswith("09-"))
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 1400})
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{chapter.name}?reset&token={token}", wait_until="domcontentloaded")
+            page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+            cell = page.locator(".jp-CodeCell:has-text('quiz(\"09\"')").last
+            cell.scroll_into_view_if_needed()
+            cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")
+            quiz = page.locator(".fsdp-quiz").last
+            quiz.wait_for(timeout=90_000)
+            quiz.scroll_into_view_if_needed()
+            problems = quiz.evaluate("""q => {
+                const out = [];
+                for (const box of q.querySelectorAll('.widget-radio-box')) {
+                    const labels = [...box.querySelectorAll('label')];
+                    labels.forEach((l, i) => {
+                        const r = l.getBoundingClientRect(), input = l.querySelector('input').getBoundingClientRect();
+                        if (l.scrollHeight > l.clientHeight + 1) out.push('overflows: ' + l.innerText.slice(0, 40));
+                        if (input.left < r.left - 1 || input.right > r.right + 1 || input.width === 0)
+                            out.push('radio hidden: ' + l.innerText.slice(0, 40));
+                        if (input.left > r.left + 8) out.push('radio not in front: ' + l.innerText.slice(0, 40));
+                        const next = labels[i + 1];
+                        if (next && next.getBoundingClientRect().top < r.bottom - 1)
+                            out.push('overlaps the next: ' + l.innerText.slice(0, 40));
+                    });
+                }
+                return out;
+            }""")
+            quiz.screenshot(path=str(ARTIFACTS / "browser-ch09-quiz.png"))
+            assert problems == [], problems
         finally:
             browser.close()

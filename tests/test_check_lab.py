@@ -363,3 +363,13 @@ def test_lab_stops_a_server_that_answers_without_the_token(tmp_path):
             f"http://127.0.0.1:{port}/api/status), so it was stopped") in errors[0]
     with pytest.raises(urllib.error.URLError):  # stopped, not left serving
         _http_status(f"http://127.0.0.1:{port}/api/status")
+
+
+def test_the_launcher_turns_the_jupyter_news_pop_up_off(tmp_path):
+    """[Note: no news pop-up]: the shipped overrides.json sets fetchNews to "false", and the server fetches no news."""
+    argv = lab.build_command(tmp_path)
+    settings = next(a.split("=", 1)[1] for a in argv if a.startswith("--LabApp.app_settings_dir="))
+    overrides = json.loads((Path(settings) / "overrides.json").read_text())
+    assert overrides["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    assert "--LabApp.news_url=None" in argv
+    assert "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate" in argv

@@ -39,6 +39,17 @@ def test_fp16_means_are_divided_before_and_after_the_sum():
     assert set(out["all_reduce"]) == {40000.0}, out
 
 
+def test_the_fp16_pre_divide_is_exact_only_in_the_normal_range():
+    """[Note: dividing by N without overflow]: a power-of-two divide loses tiny float16 gradients."""
+    pre, _post = divide_factors(8, torch.float16)
+    normal = torch.tensor([1e-3, 0.5, 6e4], dtype=torch.float16)
+    assert torch.equal((normal / pre) * pre, normal)  # exact while the quotient stays normal
+    tiny = torch.tensor([1e-7, 2e-7], dtype=torch.float16)  # subnormal already: 1.19e-7, 1.79e-7
+    assert (tiny / pre)[0] == 0  # underflows to zero: that gradient is gone
+    assert not torch.equal((tiny / pre) * pre, tiny)  # and the other has lost bits
+    assert torch.finfo(torch.float16).tiny == pytest.approx(6.1e-5, rel=0.01)
+
+
 @pytest.mark.parametrize("norm_type", [2.0, float("inf")])
 def test_clip_grad_norm_reads_nothing_back_to_the_host(norm_type):
     out = run_on_ranks(clip_host_reads, 2, norm_type, timeout_s=60)[0]

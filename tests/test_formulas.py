@@ -87,13 +87,54 @@ def test_prefetch_adds_one_more_unit_of_parameters_and_activations_add_as_given(
     assert F.m_fsdp_corrected(1000, 4, 10, param_bytes=4) - F.m_fsdp_corrected(1000, 4, 10) == 20
 
 
-def test_activation_estimate_matches_korthikanti():
+def test_activation_estimate_matches_korthikanti_with_materialized_scores():
     s, b, h, a = 2048, 1, 4096, 32
-    assert F.activation_bytes_per_layer(s, b, h, a) == s * b * h * (34 + 5 * a * s / h) == 956_301_312
-    assert F.activation_bytes_per_layer(s, b, h, a, recompute=True) == 2 * s * b * h
-    assert F.activation_bytes_per_layer(s, 2, h, a) == 2 * F.activation_bytes_per_layer(s, 1, h, a)
+    kw = dict(attention="materialized")
+    assert F.activation_bytes_per_layer(s, b, h, a, **kw) == s * b * h * (34 + 5 * a * s / h) == 956_301_312
+    assert F.activation_bytes_per_layer(s, b, h, a, recompute=True, **kw) == 2 * s * b * h
+    assert F.activation_bytes_per_layer(s, 2, h, a, **kw) == 2 * F.activation_bytes_per_layer(s, 1, h, a, **kw)
     # the attention term grows with s², the rest with s
-    assert F.activation_bytes_per_layer(2 * s, b, h, a) > 2 * F.activation_bytes_per_layer(s, b, h, a)
+    assert F.activation_bytes_per_layer(2 * s, b, h, a, **kw) > 2 * F.activation_bytes_per_layer(s, b, h, a, **kw)
+
+
+def test_fused_attention_is_the_default_and_stores_no_scores():
+    """SDPA/FlashAttention keeps 34sbh plus one fp32 log-sum-exp per head and row: linear in s, no 5as²b."""
+    s, b, h, a = 2048, 1, 4096, 32
+    assert F.activation_bytes_per_layer(s, b, h, a) == 34 * s * b * h + 4 * a * s * b == 285_474_816
+    assert F.activation_bytes_per_layer(2 * s, b, h, a) == 2 * F.activation_bytes_per_layer(s, b, h, a)
+    assert F.activation_bytes_per_layer(s, b, h, a, recompute=True) == 2 * s * b * h
+    # the course GPT's "small" shape (s=64, b=4, h=128, a=4) in fp32, as chapter 06 measures it: 2056 KiB per
+    # block measured; fused 2184 KiB (6 % over: it has no dropout masks), materialized 2816 KiB (37 % over)
+    fused, kept = (F.activation_bytes_per_layer(64, 4, 128, 4, attention=x) * 2 / 1024
+                   for x in ("fused", "materialized"))
+    assert (fused, kept) == (2184, 2816)
+    with pytest.raises(ValueError, match="unknown attention 'flash'"):
+        F.activation_bytes_per_layer(s, b, h, a, attention="flash")
+
+
+def test_q8_ratio_in_bytes_depends_on_dtypes_and_micro_batches():
+    """Q8's 1.5 is about elements at one dtype; in bytes and with accumulation it moves (issue 20)."""
+    n = 8
+    assert F.comm_bytes_ratio_fsdp_vs_ddp(n) == 1.5  # equal dtypes, one micro-batch: the article
+    assert F.comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=2, reduce_bytes=4) == 1.0  # vs DDP under autocast (fp32)
+    assert F.comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=2, reduce_bytes=2) == 0.75
+    for k in (1, 2, 4, 8):
+        assert F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=k) == (2 * k + 1) / 2
+    # the same numbers from the runtime's per-step byte counts (one micro-batch)
+    p = 1024
+    ddp = F.comm_bytes_per_step("NO_SHARD", p, n, 4, 4)
+    assert F.comm_bytes_per_step("FULL_SHARD", p, n, 2, 4) / ddp == 1.0
+    assert F.comm_bytes_per_step("FULL_SHARD", p, n, 2, 2) / ddp == 0.75
+    with pytest.raises(ValueError, match="micro_batches must be a positive integer, got 0"):
+        F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=0)
+
+
+def test_zero_paper_accounting_differs_from_the_articles_for_stage_2():
+    """The ZeRO paper's Figure 1 (Ψ = 7.5B, N = 64): 120, 31.4, 16.6, 1.9 GB; its P_os+g is 2Ψ + 14Ψ/N."""
+    gb = [F.m_zero_paper(stage, 7.5e9, 64) / 1e9 for stage in range(4)]
+    assert [round(x, 1) for x in gb] == [120.0, 31.4, 16.6, 1.9]
+    assert F.m_zero_paper(2, 7e9, 8) == 2 * 7e9 + 14 * 7e9 / 8 != F.m_zero2(7e9, 8)
+    assert F.m_zero_paper(3, 7e9, 8) == F.m_zero3(7e9, 8)
 
 
 def test_runtime_state_bytes_per_strategy():
@@ -149,9 +190,12 @@ def test_plan_reproduces_the_article_and_counts_activations():
     assert p.zero3_bytes == 14 * 10**9 and p.fits("ZeRO-3")
     assert (p.zero1_bytes, p.zero2_bytes) == (63 * 10**9, 385 * 10**8)
     assert p.n_min == 2
-    assert p.n_min_with_activations == 3
-    assert p.n_min_with_reserve == 4
+    assert p.attention == "fused"
+    assert p.n_min_with_activations == 2
+    assert p.n_min_with_reserve == 3
     assert p.activation_bytes == 32 * F.activation_bytes_per_layer(2048, 1, 4096, 32)
+    kept = P.plan(7e9, 8, 80, attention="materialized")  # the s×s scores stored: one more GPU each
+    assert (kept.n_min_with_activations, kept.n_min_with_reserve) == (3, 4)
     # the planner's ZeRO-3 peak is the corrected article peak plus the logits and their fp32 copy for the loss
     assert p.logits_bytes == (2 + 4) * 2048 * 1 * 32_000 and p.recompute_layer_bytes == 0
     assert p.peak_bytes("ZeRO-3") == F.m_peak_corrected(7e9, 8, p.phi_layer, p.activation_bytes) + p.logits_bytes
@@ -167,7 +211,8 @@ def test_plan_n_min_with_activations_actually_fits_and_one_less_does_not():
 
 def test_plan_recompute_and_shape_and_strategy_options():
     assert P.plan(7e9, 8, 80, recompute=True).n_min_with_activations == 2
-    assert P.plan(7e9, 8, 80, micro_batch=2).n_min_with_activations > 3
+    assert P.plan(7e9, 8, 80, micro_batch=2).activation_bytes == 2 * P.plan(7e9, 8, 80).activation_bytes
+    assert P.plan(7e9, 8, 80, micro_batch=4).n_min_with_activations > 2
     given = P.plan(7e9, 8, 80, layers=32, hidden=4096, heads=32)
     assert given.assumptions.startswith("shape given")
     assert P.plan(7e9, 8, 80, strategy="NO_SHARD").n_min_with_activations is None  # DDP never fits 80 GB
@@ -176,11 +221,21 @@ def test_plan_recompute_and_shape_and_strategy_options():
     assert P.llama_like_shape(13e9) == (40, 5120, 40)
 
 
+def test_seven_b_at_seq_4096_on_8x80_fits_with_fused_attention():
+    """Chapter 07's case: with the scores stored no number of 80 GB cards is enough; fused attention fits."""
+    fused = P.plan(7e9, 8, 80, seq_len=4096)
+    kept = P.plan(7e9, 8, 80, seq_len=4096, attention="materialized")
+    assert kept.n_min_with_activations is None and not kept.fits("ZeRO-3")
+    assert fused.fits("ZeRO-3") and (fused.n_min_with_activations, fused.n_min_with_reserve) == (2, 3)
+    assert 33e9 < fused.peak_bytes("ZeRO-3") < 34e9
+
+
 def test_plan_counts_the_recomputed_layer_and_the_logits():
-    """14B, batch 8, recompute on 4 x 80 GB: the recomputed layer's full activations (9.56 GB) and the logits
-    put the peak above 73.6 GB, over the 20 % reserve though still under the card."""
-    p = P.plan(14e9, 4, 80, micro_batch=8, recompute=True)
-    assert p.recompute_layer_bytes == F.activation_bytes_per_layer(2048, 8, p.hidden, p.heads)
+    """14B, batch 8, recompute on 4 x 80 GB, scores stored: the recomputed layer's full activations (9.56 GB)
+    and the logits put the peak above 73.6 GB, over the 20 % reserve though still under the card."""
+    p = P.plan(14e9, 4, 80, micro_batch=8, recompute=True, attention="materialized")
+    assert p.recompute_layer_bytes == F.activation_bytes_per_layer(2048, 8, p.hidden, p.heads,
+                                                                   attention="materialized")
     assert p.logits_bytes == 6 * 2048 * 8 * 32_000
     assert p.peak_bytes("ZeRO-3") == p.zero3_bytes + p.working_bytes + p.activation_bytes + \
         p.recompute_layer_bytes + p.logits_bytes
@@ -231,3 +286,31 @@ def test_plan_is_frozen_and_validates_itself():
     with pytest.raises(ValueError, match="reserve_fraction"):
         P.plan(7e9, 8, 80, reserve_fraction=1.0)
     assert math.isclose(F.m_zero3(7e9, 3) * 3, 112e9)
+
+
+def test_hybrid_shard_keeps_the_gathers_inside_the_node():
+    """7B on 8 nodes × 8 GPUs, bf16 gathers and fp32 reduce: FULL_SHARD sends ~55 GB per GPU per step over the
+    links between nodes; HYBRID_SHARD sends 48 GB over NVLink and only 12 GB between nodes."""
+    phi = 7e9
+    flat = F.node_traffic(phi, 8, 8, "FULL_SHARD")
+    hybrid = F.node_traffic(phi, 8, 8, "HYBRID_SHARD")
+    assert flat.intra_node == 0 and flat.inter_node == pytest.approx(63 / 64 * phi * 8)
+    assert hybrid.intra_node == pytest.approx(7 / 8 * phi * 8)
+    assert hybrid.inter_node == pytest.approx(2 * 7 / 8 * phi / 8 * 4)
+    assert flat.inter_node / hybrid.inter_node > 4
+    one_node = F.node_traffic(phi, 8, 1, "FULL_SHARD")
+    assert one_node.inter_node == 0 and one_node.intra_node == pytest.approx(F.c_step_exact(phi, 8) * 8 / 3)
+    assert F.node_traffic(phi, 8, 1, "HYBRID_SHARD").inter_node == 0
+    with pytest.raises(ValueError, match="unknown strategy 'NO_SHARD'"):
+        F.node_traffic(phi, 8, 2, "NO_SHARD")
+
+
+def test_cpu_offload_moves_the_whole_sharded_state_to_the_host():
+    """Chapter 07's 7B on 4 × RTX 4090 (24 GB): 16Φ/N = 28 GB of state cannot fit a card, recompute or not; with
+    torch's offload (params, grads and Adam on the host, the step on the CPU) the card holds only what it
+    computes, and each rank needs 28 GB of host memory."""
+    p = P.plan(7e9, 4, 24, recompute=True)
+    assert not p.fits("ZeRO-3") and p.zero3_bytes == 28 * 10**9
+    assert p.cpu_offload_host_bytes == 28 * 10**9
+    assert p.cpu_offload_gpu_bytes == p.peak_bytes("ZeRO-3") - p.zero3_bytes + 4 * p.phi_layer // 4
+    assert p.cpu_offload_gpu_bytes < 0.8 * p.gpu_mem_bytes  # fits, with the reserve kept free

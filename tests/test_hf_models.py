@@ -1,5 +1,5 @@
 """A Hugging Face Llama under fsdp_lab, on 2 gloo ranks against one process: every strategy, with and without
-HF's own gradient checkpointing (which checkpoints each decoder layer's forward with FSDP's hooks outside it).
+HF's own gradient checkpointing (which checkpoints each decoder layer's __call__, so FSDP's hooks run inside it).
 transformers is not a dependency of the course; where it is installed this test runs."""
 from __future__ import annotations
 

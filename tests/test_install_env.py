@@ -20,6 +20,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BASH = shutil.which("bash") or "/bin/bash"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+CPU_TORCH = f"-m pip install -q --index-url {CPU_INDEX} torch==2.13.0"  # what a machine without a GPU installs
+UNREACHABLE = "http://127.0.0.1:9/whl/cpu"  # the discard port: nothing listens
 SYSTEM_PATH = "/usr/bin:/bin"
 
 # Answers `-c PROBE facts|torch` like env.sh's probe, makes `-m venv [--system-site-packages] DIR` as a copy of
@@ -30,6 +33,8 @@ me = os.path.abspath(sys.argv[0])
 facts = json.load(open(me + ".json"))
 args = sys.argv[1:]
 if args[:1] == ["-c"]:
+    if args[2].startswith("http"):  # env.sh asking whether an index can be reached
+        sys.exit(0 if facts["reach"] else 1)
     if args[2] == "facts":
         print(int(facts["in_env"]), facts["version"], int(facts["venv_ok"]), int(facts["has_pip"]), me)
     elif facts["torch"]:
@@ -70,20 +75,29 @@ class Sandbox:
         self.log.touch()
         self.home = tmp_path / "home"
         self.home.mkdir()
+        self.nvidia_smi(None)  # no GPU unless a test gives one, whatever this machine has
+        self.nvidia_proc = tmp_path / "proc-driver-nvidia"
+
+    def nvidia_smi(self, gpu: str | None):
+        """A fake nvidia-smi first on PATH: lists GPU as `nvidia-smi -L` does, or fails as without a driver."""
+        script = f"#!/bin/sh\necho 'GPU 0: {gpu} (UUID: GPU-0)'\n" if gpu else "#!/bin/sh\nexit 9\n"
+        (self.bin / "nvidia-smi").write_text(script)
+        (self.bin / "nvidia-smi").chmod(0o755)
 
     def fake_python(self, path: Path, *, in_env=False, version="3.11", venv_ok=True, has_pip=True, torch="",
-                    exits=None) -> Path:
+                    exits=None, reach=True) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(FAKE_PYTHON.replace("{python}", sys.executable))
         path.chmod(0o755)
         facts = dict(in_env=in_env, version=version, venv_ok=venv_ok, has_pip=has_pip, torch=torch,
-                     log=str(self.log), exits=exits or {})
+                     log=str(self.log), exits=exits or {}, reach=reach)
         Path(str(path) + ".json").write_text(json.dumps(facts))
         return path
 
     def run(self, script="install.sh", *args, path=None, **env):
         """Runs scripts/SCRIPT in a clean environment: no VIRTUAL_ENV, CONDA_PREFIX or PYTHON unless given."""
-        full_env = {"PATH": path or f"{self.bin}:{SYSTEM_PATH}", "HOME": str(self.home), "LC_ALL": "C.UTF-8", **env}
+        full_env = {"PATH": path or f"{self.bin}:{SYSTEM_PATH}", "HOME": str(self.home), "LC_ALL": "C.UTF-8",
+                    "FSDP_LAB_NVIDIA_PROC": str(self.nvidia_proc), **env}
         return subprocess.run([BASH, f"scripts/{script}", *args], cwd=self.repo, env=full_env, capture_output=True,
                               text=True, timeout=120)
 
@@ -103,12 +117,14 @@ def box(tmp_path):
 def test_inside_a_virtual_environment_it_is_used_as_it_is(box, tmp_path):
     env_dir = tmp_path / "active-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
-    done = box.run("install.sh", "--test", path=f"{env_dir}/bin:{SYSTEM_PATH}", VIRTUAL_ENV=str(env_dir),
-                   FSDP_LAB_PIP_DRY_RUN="1")
+    # no GPU, and a CPU index that cannot be reached (the real probe asks a closed port): pip's default index
+    done = box.run("install.sh", "--test", path=f"{box.bin}:{env_dir}/bin:{SYSTEM_PATH}", VIRTUAL_ENV=str(env_dir),
+                   FSDP_LAB_PIP_DRY_RUN="1", FSDP_LAB_TORCH_CPU_INDEX_URL=UNREACHABLE)
     assert done.returncode == 0, done.stderr
     py = f"{env_dir}/bin/python"
     assert done.stdout.splitlines() == [f"dry run: {py} -m pip install -q torch==2.13.0",
                                         f"dry run: {py} -m pip install -q -e .[test]"]
+    assert f"the CPU index {UNREACHABLE} cannot be reached; using pip's configured index" in done.stderr
     assert not (box.repo / ".venv").exists()
 
 
@@ -117,7 +133,7 @@ def test_an_active_conda_env_is_used_as_it_is(box, tmp_path):
     conda_py = box.fake_python(tmp_path / "conda" / "bin" / "python", in_env=True)
     done = box.run(CONDA_PREFIX=str(tmp_path / "conda"))
     assert done.returncode == 0, done.stderr
-    assert box.calls() == [f"{conda_py} -m pip install -q torch==2.13.0", f"{conda_py} -m pip install -q -e ."]
+    assert box.calls() == [f"{conda_py} {CPU_TORCH}", f"{conda_py} -m pip install -q -e ."]
     assert not (box.repo / ".venv").exists()
 
 
@@ -127,7 +143,7 @@ def test_outside_an_environment_a_dot_venv_is_made_and_used(box):
     assert done.returncode == 0, done.stderr
     venv = box.venv_python
     assert box.calls() == [f"{base} -m venv --clear {box.repo}/.venv",
-                           f"{venv} -m pip install -q torch==2.13.0",
+                           f"{venv} {CPU_TORCH}",
                            f"{venv} -m pip install -q -e .[test]"]
     assert "making" in done.stderr and ".venv" in done.stderr
     # the next run reuses it: no second venv, and torch (now "installed") is not installed again
@@ -144,7 +160,7 @@ def test_a_dot_venv_without_pip_is_made_again(box):
     done = box.run()
     assert done.returncode == 0, done.stderr
     assert box.calls()[0] == f"{base} -m venv --clear {box.repo}/.venv"
-    assert box.calls()[1:] == [f"{box.venv_python} -m pip install -q torch==2.13.0",
+    assert box.calls()[1:] == [f"{box.venv_python} {CPU_TORCH}",
                                f"{box.venv_python} -m pip install -q -e ."]
 
 
@@ -169,7 +185,7 @@ def test_torch_older_than_the_minimum_is_replaced_by_the_pinned_build(box, tmp_p
     env_py = box.fake_python(tmp_path / "venv" / "bin" / "python", in_env=True, torch="2.5.1+cu121 CUDA 12.1 build")
     done = box.run(VIRTUAL_ENV=str(tmp_path / "venv"))
     assert done.returncode == 0, done.stderr
-    assert box.calls() == [f"{env_py} -m pip install -q torch==2.13.0", f"{env_py} -m pip install -q -e ."]
+    assert box.calls() == [f"{env_py} {CPU_TORCH}", f"{env_py} -m pip install -q -e ."]
     assert "older than 2.11" in done.stderr
 
 
@@ -180,6 +196,58 @@ def test_the_index_url_picks_the_torch_build_and_torch_comes_first(box):
     assert done.returncode == 0, done.stderr
     assert box.calls()[1:] == [f"{box.venv_python} -m pip install -q --index-url {url} torch==2.13.0",
                                f"{box.venv_python} -m pip install -q -e ."]
+
+
+def test_without_an_nvidia_gpu_the_cpu_build_is_installed_and_named(box):
+    box.fake_python(box.bin / "python3")
+    done = box.run("course.sh")
+    assert done.returncode == 0, done.stderr
+    assert box.calls()[1] == f"{box.venv_python} {CPU_TORCH}"
+    assert f"installing torch==2.13.0, the CPU build (no NVIDIA GPU found), from {CPU_INDEX}" in done.stderr
+    assert "installed torch 2.13.0 (CPU build)" in done.stderr
+
+
+@pytest.mark.parametrize("how", ["nvidia-smi", "proc"])
+def test_with_an_nvidia_gpu_pips_default_cuda_build_is_installed(box, how):
+    box.fake_python(box.bin / "python3")
+    if how == "nvidia-smi":
+        box.nvidia_smi("NVIDIA H200")
+    else:
+        (box.nvidia_proc / "gpus" / "0000:01:00.0").mkdir(parents=True)
+    done = box.run("course.sh")
+    assert done.returncode == 0, done.stderr
+    assert box.calls()[1] == f"{box.venv_python} -m pip install -q torch==2.13.0"
+    assert "pip's default build (CUDA on Linux: an NVIDIA GPU is present)" in done.stderr
+
+
+def test_an_unreachable_cpu_index_falls_back_to_pips_default_and_says_so(box):
+    box.fake_python(box.bin / "python3", reach=False)
+    done = box.run("course.sh")
+    assert done.returncode == 0, done.stderr
+    assert box.calls()[1] == f"{box.venv_python} -m pip install -q torch==2.13.0"
+    assert f"no NVIDIA GPU found, but the CPU index {CPU_INDEX} cannot be reached" in done.stderr
+
+
+def test_the_real_reachability_probe_uses_a_cpu_index_that_answers(box, tmp_path):
+    """The probe env.sh runs in real Python: a local HTTP server standing in for the CPU index is reachable."""
+    import http.server
+    import threading
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    (tmp_path / "index" / "torch" / "index.html").write_text("<html></html>")
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "index"))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        env_dir = tmp_path / "active-venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
+        done = box.run("install.sh", path=f"{box.bin}:{env_dir}/bin:{SYSTEM_PATH}", VIRTUAL_ENV=str(env_dir),
+                       FSDP_LAB_PIP_DRY_RUN="1", FSDP_LAB_TORCH_CPU_INDEX_URL=url)
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first == f"dry run: {env_dir}/bin/python -m pip install -q --index-url {url} torch==2.13.0"
 
 
 def test_no_venv_module_gives_the_one_install_command_and_fails(box):

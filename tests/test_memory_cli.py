@@ -19,25 +19,39 @@ def test_article_example(capsys):
     assert "112 GB per GPU, which does not fit one 80 GB card" in out
     assert "16Φ/N = 14 GB per GPU on 8 GPUs" in out
     assert "= 2 GPUs (the article's count" in out
-    assert "N_min = 3 GPUs" in out
-    assert "Plan for 3–4 GPUs." in out
+    assert "needs N_min = 2 GPUs" in out
+    assert "Plan for 2–3 GPUs." in out
     # the activation assumptions are printed, not hidden
-    for needle in ("seq 2048", "micro-batch 1", "Korthikanti", "layers=32", "hidden=4096", "20%"):
+    for needle in ("seq 2048", "micro-batch 1", "fused attention", "layers=32", "hidden=4096", "20%"):
         assert needle in out, needle
 
 
+def test_attention_and_vocab_flags(capsys):
+    """--attention materialized is the article's s×s-score model; --vocab sizes the logits (Qwen: 151,936)."""
+    _code, kept = run_memory(capsys, "--attention", "materialized")
+    assert "Korthikanti" in kept and "Plan for 3–4 GPUs." in kept
+    _code, long_fused = run_memory(capsys, "--seq-len", "4096")
+    _code, long_kept = run_memory(capsys, "--seq-len", "4096", "--attention", "materialized")
+    assert "Plan for 2–3 GPUs." in long_fused and "none (one layer" in long_kept
+    _code, qwen = run_memory(capsys, "--params", "14B", "--gpus", "4", "--vocab", "151936")
+    assert f"vocab 151,936): {planner.plan(14e9, 4, 80, vocab=151936).logits_bytes / 1e9:.2f} GB" in qwen
+
+
 def test_table_has_every_stage_with_its_bytes_and_verdict(capsys):
+    def rows(out):
+        return {m.group(1): (float(m.group(2)), m.group(3).strip())
+                for m in re.finditer(r"^\s+(DDP|ZeRO-[123])\s.*?([\d.]+) GB\s+[\d.]+ GB\s+(.+)$", out, re.M)}
     _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80")
-    rows = {m.group(1): (float(m.group(2)), m.group(3).strip())
-            for m in re.finditer(r"^\s+(DDP|ZeRO-[123])\s.*?([\d.]+) GB\s+[\d.]+ GB\s+(.+)$", out, re.M)}
-    assert rows == {"DDP": (112.0, "no"), "ZeRO-1": (63.0, "state only"),
-                    "ZeRO-2": (38.5, "yes"), "ZeRO-3": (14.0, "yes")}
+    assert rows(out) == {"DDP": (112.0, "no"), "ZeRO-1": (63.0, "yes"), "ZeRO-2": (38.5, "yes"),
+                         "ZeRO-3": (14.0, "yes")}
+    _code, out = run_memory(capsys, "--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--seq-len", "4096")
+    assert rows(out)["ZeRO-1"] == (63.0, "state only")  # 63 GB of state + 19.8 GB of activations and logits
 
 
 def test_numbers_come_from_plan(capsys):
     _code, out = run_memory(capsys, "--params", "13B", "--gpus", "4", "--gpu-mem", "80", "--seq-len", "1024")
     p = planner.plan(13e9, 4, 80, seq_len=1024)
-    assert (p.n_min, p.n_min_with_activations) == (3, 4)
+    assert (p.n_min, p.n_min_with_activations) == (3, 3)
     assert f"= {p.n_min} GPUs (the article" in out
     assert f"needs N_min = {p.n_min_with_activations} GPUs" in out
     assert f"{p.zero3_bytes / 1e9:.2f} GB" in out
@@ -50,7 +64,7 @@ def test_recompute_lowers_the_activation_count(capsys):
 
 def test_seq_len_changes_the_answer(capsys):
     _code, short = run_memory(capsys, "--seq-len", "512")
-    _code, long = run_memory(capsys, "--seq-len", "8192")
+    _code, long = run_memory(capsys, "--seq-len", "8192", "--attention", "materialized")
     assert "needs N_min = 2 GPUs" in short
     assert "none (one layer plus the activations already exceed a card)" in long
 

@@ -119,3 +119,23 @@ def test_chapter_10_is_the_article_verbatim(bank, article):
         assert q.answer_letters == a["key"], q.id
         assert shown.explanation == a["explanation"], q.id
         assert q.prompt.en and q.explanation.en.startswith("Answer: {answer}."), q.id
+
+
+def test_claims_the_quizzes_teach_hold(bank):
+    """Issue 20's corrections, tied to the numbers they quote: Q8's 1.5 is about elements at one dtype (the byte
+    cases come from formulas), the cross-node option names the bandwidth gap and HYBRID_SHARD, and the sharding
+    explanations say FSDP1 cuts a flat buffer while dim-0 splits are FSDP2's."""
+    q8 = next(q for q in bank["10"].questions if q.id == "interview-q8")
+    taught = q8.explanation.en + " ".join(o.feedback.en for o in q8.options)
+    assert formulas.comm_bytes_ratio_fsdp_vs_ddp(8, param_bytes=2, reduce_bytes=2) == 0.75 and "0.75" in taught
+    assert formulas.comm_bytes_ratio_fsdp_vs_ddp(8, param_bytes=2, reduce_bytes=4) == 1.0 and "about 1×" in taught
+    assert formulas.comm_bytes_ratio_fsdp_vs_ddp(8, micro_batches=3) == 3.5 and "(2K+1)/2" in taught
+    assert "cannot be less" not in taught and "in elements at one dtype" in taught
+    jobs = next(q for q in bank["07"].questions if q.id == "use-which-jobs")
+    nodes = next(o for o in jobs.options if "nodes" in o.text.en)
+    assert "HYBRID_SHARD" in nodes.feedback.en and "HYBRID_SHARD" in nodes.feedback.zh
+    assert "same way across nodes as within one, and" not in nodes.feedback.en
+    unit = next(q for q in bank["02"].questions if q.id == "shard-unit")
+    assert "FSDP2's layout" in unit.explanation.en and "FSDP1 flattens" in unit.explanation.en
+    q1 = next(q for q in bank["10"].questions if q.id == "interview-q1")
+    assert "FSDP2's layout" in q1.explanation.en and "FSDP2" in q1.options[0].feedback.zh

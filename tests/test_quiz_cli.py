@@ -80,9 +80,35 @@ def test_eof_saves_a_partial_result(monkeypatch, capsys, tmp_path):
     assert (a.complete, a.answered, a.total, a.score) == (False, 3, 10, 2.0)
 
 
-def test_q_quits_like_eof(monkeypatch, capsys, tmp_path):
+def test_q_stops_and_says_so_not_input_ended(monkeypatch, capsys, tmp_path):
     code, out, _ = run_inline(monkeypatch, capsys, ["quiz", "10", "--progress", str(tmp_path / "p.json")], "A\nq\n")
-    assert code == 0 and "Input ended after 1 of 10 questions" in out
+    assert code == 0 and "Input ended" not in out
+    assert "Stopped (q) after 1 of 10 questions" in out and "resume" in out
+    a = read_progress(tmp_path / "p.json").attempts[0]
+    assert (a.complete, a.answered) == (False, 1)  # unfinished: the next run offers to resume it
+
+
+def test_terminal_wraps_at_word_boundaries():
+    from fsdp_lab.lessons.quiz.terminal import wrap
+    text = "Right: FSDP moves about 3Φ (two all-gathers and a reduce-scatter), DDP about 2Φ (its all-reduce)."
+    lines = wrap(text, 30, indent="  ").splitlines()
+    assert all(len(line) <= 30 for line in lines) and len(lines) > 2
+    words = text.split()
+    assert " ".join(w for line in lines for w in line.split()) == " ".join(words)  # no word was cut
+    zh = wrap("对：FSDP 约 3Φ（两次 all-gather 加一次 reduce-scatter），DDP 约 2Φ，比值约 1.5。", 20)
+    from fsdp_lab.lessons.quiz.terminal import _columns
+    assert all(sum(map(_columns, line)) <= 20 for line in zh.splitlines())
+    assert "all-gather" in zh.replace("\n", " ")  # Latin words inside Chinese stay whole
+
+
+def test_the_terminal_quiz_never_cuts_a_word_at_its_width(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("COLUMNS", "60")
+    code, out, _ = run_inline(monkeypatch, capsys, ["quiz", "10", "--progress", str(tmp_path / "p.json")],
+                              "\n".join(KEY) + "\n")
+    assert code == 0
+    long = [line for line in out.splitlines()  # the prompt with its echoed answer, and a path, may run over
+            if len(line) > 60 and not line.startswith(("Progress saved to", "Your answer"))]
+    assert not long, long[:3]
 
 
 def test_seed_shuffles_and_the_shown_key_still_scores_full(monkeypatch, capsys, tmp_path):

@@ -132,3 +132,15 @@ def test_best_score_and_earlier_attempts_come_from_the_progress_file(tmp_path, m
 def test_no_python_repr_before_the_cell_runs():
     bundle = quiz("03", progress=False)._repr_mimebundle_()
     assert bundle["text/plain"] == "" and "application/vnd.jupyter.widget-view+json" in bundle
+
+
+def test_long_options_wrap_instead_of_overlapping_the_next():
+    """ipywidgets gives radio labels a fixed one-line height: a long option (chapter 09's B) overflowed onto C and
+    pushed its own radio button out of view. The quiz box carries a class whose CSS lets options wrap and grow."""
+    from fsdp_lab.lessons.quiz import quiz
+
+    w = quiz("09", lang="en", progress=False)
+    assert "fsdp-quiz" in w.box._dom_classes
+    header = w.box.children[0].value
+    assert ".fsdp-quiz .widget-radio-box label{height:auto" in header and "white-space:normal" in header
+    assert ".fsdp-quiz .widget-radio-box input{float:none" in header

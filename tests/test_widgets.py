@@ -185,6 +185,34 @@ def test_planner_shows_the_measured_point_beside_the_formula(run):
     assert p.numbers()["state_bytes"] == formulas.m_zero3(m.phi, 2)
 
 
+def test_jumping_to_the_measured_run_plans_that_model_not_a_llama_guess(run):
+    """Chapter 03's button: no "0.00 GB", no more block parameters than the model has, and the run's own
+    sequence length, micro-batch, precision and vocabulary for the activations and logits."""
+    from fsdp_lab.training.models import PRESETS
+    cfg = PRESETS[run.preset]
+    p = Planner(measured=MeasuredPoint.from_run(run))
+    p.jump_to_measured()
+    plan = p.plan
+    assert (plan.layers, plan.hidden, plan.heads, plan.vocab) == (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+    assert plan.layers * plan.phi_layer <= run.phi
+    assert (plan.seq_len, plan.micro_batch, plan.precision) == (run.seq_len, run.micro_batch, "fp32")
+    assert plan.logits_bytes == (4 + 4) * run.seq_len * run.micro_batch * cfg.vocab_size
+    assert "0.00 GB" not in p.formula.value and "KiB" in p.formula.value
+    assert p.figure().axes[1].get_ylabel() == "peak per GPU (MiB)"
+
+
+def test_planner_has_recompute_sequence_micro_batch_and_attention_controls():
+    p = Planner(phi=7e9, n=8, gpu_mem_gb=80)
+    assert "MeasuredPoint" not in p.formula.value + p.measured_html.value  # no developer text without a run
+    p.seq.value = 4096
+    assert p.plan.seq_len == 4096 and p.plan.fits("ZeRO-3")
+    p.attention.value = "materialized"
+    assert p.plan.n_min_with_activations is None and "scores stored" in p.formula.value
+    p.attention.value, p.recompute.value, p.micro_batch.value = "fused", True, 4
+    want = planner.plan(7e9, 8, 80, seq_len=4096, micro_batch=4, recompute=True)
+    assert p.numbers()["peak_bytes"] == want.peak_bytes("ZeRO-3") and "recomputed in backward" in p.formula.value
+
+
 def test_the_potluck_agrees_with_itself_at_every_event(run):
     """Before a household's first event its memory panel already counts its shards (no "0 B" beside a full
     fridge); a unit being reduce-scattered is not "computing"; the optimizer state sits in the fridge."""
@@ -236,6 +264,40 @@ def test_widgets_show_no_python_repr_before_they_run(run):
         assert bundle["text/plain"] == "" and "application/vnd.jupyter.widget-view+json" in bundle
     assert base64.b64decode(chart._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
     assert base64.b64decode(Planner()._repr_mimebundle_()["image/png"]).startswith(b"\x89PNG")
+
+
+def test_every_widget_previews_itself_with_a_hint_and_no_answer(run):
+    """[Note: first-open previews]: text/html with a run-this-cell hint and what the widget will show; the
+    answers behind a button and the quiz's key and feedback are not in it."""
+    from fsdp_lab.lessons.quiz import quiz
+    from fsdp_lab.lessons.widgets import reveal_answers
+
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2)
+    empty = LiveMemoryChart(run.trace_dir / "nothing-here", total_steps=2, world_size=2)
+    chart.update()
+    potluck = PotluckLifecycle.from_lifecycle_run(run, step=1)
+    widgets_and_content = [(potluck, "blocks.0"), (chart, "data:image/png;base64,"), (Planner(), "16Φ/N"),
+                           (empty, "The chart appears here"),
+                           (reveal_answers(["1. the root stays"]), "Show the answers"),
+                           (quiz("10", lang="en", progress=False), "Q10/10")]
+    for w, content in widgets_and_content:
+        page = w._repr_mimebundle_()["text/html"]
+        assert "▶ Run" in page and content in page, (type(w).__name__, page[:300])
+    assert "the root stays" not in reveal_answers(["1. the root stays"])._repr_mimebundle_()["text/html"]
+    page = quiz("10", lang="en", progress=False)._repr_mimebundle_()["text/html"]
+    assert "Answer:" not in page and "Right:" not in page and "Why:" not in page
+
+
+def test_the_live_chart_republishes_its_preview_once_the_run_is_in(run, monkeypatch):
+    chart = LiveMemoryChart(run.trace_dir, total_steps=2, world_size=2)
+    updates = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            updates.append(bundle)
+    chart._preview_handle = Handle()
+    chart.wait(timeout_s=10)
+    assert updates and "image/png" in updates[-1] and "application/vnd.jupyter.widget-view+json" in updates[-1]
 
 
 def test_planner_right_chart_follows_the_controls_and_says_why_precision_leaves_states_alone():

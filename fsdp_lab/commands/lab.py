@@ -42,6 +42,12 @@ NAME = "lab"
 HELP = "Launch JupyterLab on the course notebooks (127.0.0.1 and token auth by default)."
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+# [Note: no news pop-up] JupyterLab 4 asks "Would you like to receive official Jupyter news?" in a toast that
+# covers every page until answered. The course ships an app-settings folder whose overrides.json sets the
+# notification plugin's fetchNews to "false" (and turns update checks off), and the server is told not to fetch
+# news or announcements at all. A user's own settings still win over these defaults.
+SETTINGS_DIR = Path(__file__).resolve().parent.parent / "data" / "jupyterlab"
+QUIET = ["--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
 
 
 def find_notebooks(package_dir: Path | None = None, cwd: Path | None = None) -> Path:
@@ -65,7 +71,8 @@ def build_command(notebook_dir: Path, ip: str = "127.0.0.1", port: int = 8888, n
     """The exact `jupyter lab` command line. The token itself is not on it: see [Note: token auth]. Jupyter
     refuses to start as root unless told; containers often run as root, so `as_root` passes --allow-root."""
     cmd = [sys.executable, "-m", "jupyterlab", f"--notebook-dir={notebook_dir}", f"--ip={ip}", f"--port={port}",
-           f"--ServerApp.identity_provider_class={IDENTITY_PROVIDER}"]
+           f"--ServerApp.identity_provider_class={IDENTITY_PROVIDER}",
+           f"--LabApp.app_settings_dir={SETTINGS_DIR}", *QUIET]
     if no_browser:
         cmd.append("--no-browser")
     if as_root:

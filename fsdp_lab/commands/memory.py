@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=sorted(planner.PRECISION_BYTES), default="bf16",
                         help="compute dtype of working copies and activations (default bf16)")
     parser.add_argument("--recompute", action="store_true", help="full activation recompute (checkpointing)")
+    parser.add_argument("--attention", choices=planner.ATTENTION, default="fused",
+                        help="fused: SDPA/FlashAttention, no stored s×s scores (default, as current models run); "
+                             "materialized: the scores kept, Korthikanti's s·b·h·(34 + 5·a·s/h)")
+    parser.add_argument("--vocab", type=positive_int, default=planner.LLAMA_VOCAB,
+                        help=f"vocabulary size, for the logits (default {planner.LLAMA_VOCAB:,}; Qwen: 151,936)")
     parser.add_argument("--reserve", type=_fraction, default=0.2,
                         help="fraction of each card kept free for CUDA context, buffers, fragmentation (default 0.2)")
     for name in ("layers", "hidden", "heads"):
@@ -83,7 +88,9 @@ def report(p: planner.Plan) -> str:
     mem, n = p.gpu_mem_bytes, p.gpus
     ddp_verdict = "fits on one" if p.fits("DDP", with_activations=False) else "does not fit one"
     recompute = "full recompute" if p.recompute else "no recompute"
-    per_layer = "2·s·b·h (layer inputs only)" if p.recompute else "s·b·h·(34 + 5·a·s/h)"
+    per_layer = ("2·s·b·h (layer inputs only)" if p.recompute else
+                 "(34·s·b·h + 4·a·s·b) (fused attention: no s×s scores stored)" if p.attention == "fused" else
+                 "s·b·h·(34 + 5·a·s/h) (attention scores stored)")
     shape = p.assumptions.replace("; ", ";\n         ")
     lines = [
         f"Φ = {_count(p.params)} parameters on N = {_gpus(n)} of {_gb(mem)} each (1 GB = 1e9 bytes).",
@@ -95,8 +102,8 @@ def report(p: planner.Plan) -> str:
         f"{_gpus(p.n_min)} (the article's count: state only).",
         "",
         f"Counting activations, {p.strategy} (FSDP) needs N_min = {_gpus(p.n_min_with_activations)}:",
-        f"  activations: {_gb(p.activation_bytes)} per GPU = {p.layers} layers × {per_layer} "
-        f"(Korthikanti et al. 2022)",
+        f"  activations: {_gb(p.activation_bytes)} per GPU = {p.layers} layers × {per_layer}"
+        f"{' (Korthikanti et al. 2022)' if p.attention == 'materialized' else ''}",
         f"    with s = seq {p.seq_len}, b = micro-batch {p.micro_batch}, h = {p.hidden}, a = {p.heads}, "
         f"{p.precision}, {recompute};",
         f"  working copies of one layer (params + grads, {p.precision}): {_gb(p.working_bytes)};",
@@ -124,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         p = planner.plan(args.params, args.gpus, args.gpu_mem, precision=args.precision, seq_len=args.seq_len,
                           micro_batch=args.micro_batch, layers=args.layers, hidden=args.hidden, heads=args.heads,
-                          recompute=args.recompute, reserve_fraction=args.reserve)
+                          recompute=args.recompute, reserve_fraction=args.reserve, attention=args.attention,
+                          vocab=args.vocab)
     except ValueError as err:
         print(f"fsdp-lab memory: error: {err}", file=sys.stderr)
         return 2

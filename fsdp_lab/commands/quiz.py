@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from fsdp_lab.lessons.quiz.progress import ProgressStore, resumable
     from fsdp_lab.lessons.quiz.questions import QuizFileError, msg, points
     from fsdp_lab.lessons.quiz.scoring import QuizRun
-    from fsdp_lab.lessons.quiz.terminal import offer_resume, resume_from, run_terminal
+    from fsdp_lab.lessons.quiz.terminal import Ending, offer_resume, resume_from, run_terminal
     from fsdp_lab.user_files import FileRefused, printable, refuse_inputs
 
     _utf8_safe(sys.stdout), _utf8_safe(sys.stderr)
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
             print("fsdp-lab quiz: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED if interrupted else 0
     if not finished and not interrupted:
-        print(msg(args.lang, "eof", answered=quiz.answered, total=len(quiz), score=points(quiz.score),
+        ended = "quit" if finished is Ending.QUIT else "eof"
+        print(msg(args.lang, ended, answered=quiz.answered, total=len(quiz), score=points(quiz.score),
                   max=quiz.max_score))
     try:
         notice = store.record(quiz.attempt(), args.name or progress.learner or _login(), replaces=replaces)

@@ -16,10 +16,12 @@ The pre-backward hook sits on the block's output tensor, so it runs before any n
 tensor, i.e. before the recomputation: the recomputation finds the unit UNSHARDED and the block's attributes
 pointing at views of the unsharded buffer, which the re-gather refilled and the hook installed again (under
 use_orig_params the free after forward had put the sharded parameters back in their place). So each unit is
-gathered exactly twice per step (forward, and one re-gather), as without checkpointing. Hugging Face's
-gradient_checkpointing_enable() checkpoints `forward` the same way, so it composes with FSDP the same way.
-A checkpointed region that *contains* units (say, a stack of blocks) re-enters their hooks during backward; they
-see `ctx.in_backward`, gather if needed and neither record the forward order nor free.
+gathered exactly twice per step (forward, and one re-gather), as without checkpointing.
+A checkpointed region that *contains* units' hooks re-enters them during backward; they see `ctx.in_backward`,
+gather if needed and neither record the forward order nor free. Hugging Face's gradient_checkpointing_enable()
+is that case, not this module's: transformers checkpoints each decoder layer's `__call__` (its
+`_gradient_checkpointing_func(decoder_layer.__call__, ...)`, later GradientCheckpointingLayer.__call__), so the
+unit's pre-forward hook runs again inside the recomputation and finds the unit already re-gathered.
 
 Order: apply it before or after wrapping with FSDP, both work and give the same result, because FSDP only
 registers hooks and never replaces a module's forward. Parameter names do not change either way, so

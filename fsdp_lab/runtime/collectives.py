@@ -10,9 +10,12 @@ fsdp_lab/observe/traffic.py). World size 1 skips the communication.
 
 [Note: dividing by N without overflow] gloo has no AVG for reduce-scatter, so the mean is a sum divided by N.
 In float16 (largest value 65504) the sum of N large gradients can overflow before the division. As torch FSDP2
-does, float16 gradients are divided by a power of two `pre` (about √N) before the sum and by N/pre after it;
-dividing by a power of two is exact, so nothing is lost. float32 and bfloat16 have float32's range: there the
-sum is taken first and divided once, the most exact order.
+does, float16 gradients are divided by a power of two `pre` (about √N) before the sum and by N/pre after it.
+Dividing by a power of two is exact only while the result stays in float16's normal range (above 6.1e-5): a
+smaller gradient loses bits, and one below about 6e-8·pre becomes zero. The pre-divide trades that underflow of
+tiny gradients for no overflow of large ones; loss scaling (torch's ShardedGradScaler) is what keeps float16
+gradients away from both ends. float32 and bfloat16 have float32's range: there the sum is taken first and
+divided once, the most exact order.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ computes unit i (torch's implicit forward prefetching). A gather is issued (stat
 (state UNSHARDED) in two separate places, so that explicit prefetch can issue a gather earlier still, before this
 unit's compute is queued: forward_prefetch in pre_forward, BACKWARD_PRE (the default) when a unit's backward
 starts, BACKWARD_POST once its gradients are reduced and it is freed. At most ctx.max_gathers_in_flight gathers
-are issued and not yet waited for. The copy-in and the collective run on the gather stream and the
+are issued and not yet waited for; limit_all_gathers also bounds the unsharded buffers still allocated, as
+torch's rate limiter does (at most one freed buffer is held when a new one is allocated: streams.FreeQueue). The copy-in and the collective run on the gather stream and the
 reduce-scatter on the reduce stream; a freed buffer's storage is held until the gather stream has waited for its
 readers (fsdp_lab/runtime/streams.py explains the ordering and the memory rules). On CPU the same code runs with
 null streams and every collective is synchronous, so nothing overlaps there: the order of issue is what shows.
@@ -222,11 +223,11 @@ class Unit:
                 if flat.orig_params is not None:
                     flat.orig_grads_to_shard()
             self.ensure_unsharded("backward")
-            # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing and
-            # Hugging Face's gradient checkpointing do it) is recomputed without pre_forward: the attributes
-            # must point at the re-gathered buffer now. Only use_orig_params drops them at the free; otherwise
-            # they are views of the buffer the re-gather refilled. Grad mode on, so the recomputation saves
-            # what the forward saved.
+            # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing does it;
+            # Hugging Face checkpoints the layer's __call__, hooks inside) is recomputed without pre_forward: the
+            # attributes must point at the re-gathered buffer now. Only use_orig_params drops them at the free;
+            # otherwise they are views of the buffer the re-gather refilled. Grad mode on, so the recomputation
+            # saves what the forward saved.
             with torch.enable_grad():
                 for flat in self.flats:
                     if flat.views_dropped_when_freed:

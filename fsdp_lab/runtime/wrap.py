@@ -49,6 +49,8 @@ def _or_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int, policies
 def transformer_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_numel: int,
                                  transformer_layer_cls) -> bool:
     """Use with functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})."""
+    if transformer_layer_cls is None:  # torch: a missing required argument
+        raise TypeError(_missing_layer_cls_message(None))
     if not transformer_layer_cls:
         raise ValueError(_missing_layer_cls_message(None))
     return True if recurse else isinstance(module, tuple(transformer_layer_cls))
@@ -87,7 +89,10 @@ def size_based_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_num
 
 def _as_callable(policy, root: Optional[nn.Module] = None) -> Callable:
     if _is_bare_transformer_policy(policy):
-        raise ValueError(_missing_layer_cls_message(root))
+        # torch raises TypeError here (its policy's transformer_layer_cls is a required argument); so do we, with
+        # the spelling that works. An empty set is legal in torch but wraps nothing: refused as a ValueError.
+        kind = TypeError if not isinstance(policy, functools.partial) else ValueError
+        raise kind(_missing_layer_cls_message(root))
     if policy is None:
         return lambda module, recurse, nonwrapped_numel: recurse
     if callable(policy):

@@ -16,7 +16,7 @@ from numbers import Integral, Real
 
 GB = 10**9
 _COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch", "numel_padded_total",
-           "largest_unit_numel_padded")
+           "largest_unit_numel_padded", "micro_batches")
 
 
 def _check(**values) -> None:
@@ -81,6 +81,53 @@ def comm_ratio_fsdp_vs_ddp(n):
     return c_step_exact(1, n) / c_ddp(1, n)
 
 
+def comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=4, reduce_bytes=4, ddp_bytes=4, micro_batches=1):
+    """FULL_SHARD's bytes per optimizer step over DDP's: when Q8's 1.5 holds, counted in BYTES.
+
+    FSDP per micro-batch gathers twice in `param_bytes` (forward, backward re-gather) and, with gradient sync off
+    between micro-batches (no_sync), reduce-scatters once per step in `reduce_bytes`; DDP all-reduces its
+    gradients once per step (no_sync) in `ddp_bytes` (fp32 under autocast: its parameters stay fp32). So
+        ratio = (2K·param_bytes + reduce_bytes) / (2·ddp_bytes)
+    Equal dtypes, K = 1: 1.5 (the article). bf16 params, fp32 reduce vs fp32 DDP: 8/8 = 1.0. bf16 params and
+    reduce: 6/8 = 0.75. K micro-batches, one dtype: (2K+1)/2."""
+    _check(n=n, param_bytes=param_bytes, reduce_bytes=reduce_bytes, ddp_bytes=ddp_bytes, micro_batches=micro_batches)
+    if n == 1:
+        raise ValueError("the comm ratio needs n >= 2: with n=1 neither FSDP nor DDP communicates")
+    k = micro_batches
+    fsdp = c_gather(1, n, param_bytes) * 2 * k + c_gather(1, n, reduce_bytes)
+    return _exact(fsdp / c_ddp(1, n, ddp_bytes))
+
+
+@dataclass(frozen=True)
+class NodeTraffic:
+    """Bytes one GPU sends per step over the links inside its node and over the links between nodes."""
+
+    intra_node: float
+    inter_node: float
+
+
+def node_traffic(phi, gpus_per_node, nodes, strategy="FULL_SHARD", param_bytes=2, reduce_bytes=4):
+    """Where a step's bytes go on `nodes` × `gpus_per_node` GPUs: the bandwidth gap HYBRID_SHARD is for.
+
+    FULL_SHARD shards over all N = G·M GPUs; its rings span the nodes, so every collective runs at the speed of
+    the links between nodes and all of C_step counts as inter-node: (N−1)/N·Φ·(2·param_bytes + reduce_bytes).
+    HYBRID_SHARD shards inside a node and replicates across nodes: the two gathers and the reduce-scatter stay on
+    the node's links, (G−1)/G·Φ·(2·param_bytes + reduce_bytes), and only an all-reduce of each GPU's gradient
+    shard Φ/G crosses nodes: 2·(M−1)/M·(Φ/G)·reduce_bytes. Memory: HYBRID_SHARD holds 16Φ/G, not 16Φ/N."""
+    _check(phi=phi, gpus_per_node=gpus_per_node, nodes=nodes, param_bytes=param_bytes, reduce_bytes=reduce_bytes)
+    for name, v in (("gpus_per_node", gpus_per_node), ("nodes", nodes)):
+        if isinstance(v, bool) or not isinstance(v, Integral):
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    g, m, per_pass = gpus_per_node, nodes, 2 * param_bytes + reduce_bytes
+    if strategy == "FULL_SHARD":
+        n = g * m
+        sent = (n - 1) / n * phi * per_pass
+        return NodeTraffic(0.0, sent) if m > 1 else NodeTraffic(sent, 0.0)
+    if strategy == "HYBRID_SHARD":
+        return NodeTraffic((g - 1) / g * phi * per_pass, 2 * (m - 1) / m * phi / g * reduce_bytes)
+    raise ValueError(f"unknown strategy {strategy!r}; expected FULL_SHARD or HYBRID_SHARD")
+
+
 # -- 混合精度 / ZeRO对比 / 工程实践 / 适用场景 ------------------------------------------------------------------
 def m_fsdp(phi, n, phi_layer):
     """M_FSDP = 4Φ/N + 8Φ/N + 2Φ_layer (article): master shard, Adam shard, the unit's bf16 working copy.
@@ -102,7 +149,9 @@ def m_zero1(phi, n):
 
 
 def m_zero2(phi, n):
-    """M_ZeRO-2 = 4Φ + 12Φ/N: fp32 params replicated; grads (4Φ/N) and Adam state (8Φ/N) sharded. (torch's
+    """M_ZeRO-2 = 4Φ + 12Φ/N: fp32 params replicated; grads (4Φ/N) and Adam state (8Φ/N) sharded. The article
+    gives no ZeRO-2 formula: this is its fp32 16Φ accounting applied to stage 2. The ZeRO paper counts fp16
+    params and grads and 12 bytes of fp32 optimizer state, so its P_os+g is 2Ψ + 14Ψ/N (m_zero_paper). (torch's
     SHARD_GRAD_OP also shards params between steps: runtime_state_bytes says what the runtime holds.)"""
     _check(phi=phi, n=n)
     return 4 * phi + 12 * phi / n
@@ -112,6 +161,17 @@ def m_zero3(phi, n):
     """M_ZeRO-3 = 16Φ/N: params, grads and Adam state all sharded (7B on 8 GPUs: 14 GB)."""
     _check(phi=phi, n=n)
     return 16 * phi / n
+
+
+def m_zero_paper(stage, psi, n):
+    """Per-GPU model-state bytes in the ZeRO paper's mixed-precision accounting (Rajbhandari et al. 2020, §5,
+    Figure 1): fp16 params 2Ψ, fp16 grads 2Ψ, fp32 master + Adam K = 12Ψ. Stage 0 (DDP): 16Ψ; 1 (P_os):
+    4Ψ + 12Ψ/N; 2 (P_os+g): 2Ψ + 14Ψ/N; 3 (P_os+g+p): 16Ψ/N. Ψ = 7.5B, N = 64: 120, 31.4, 16.6, 1.9 GB."""
+    _check(psi=psi, n=n)
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+    kept, sharded = {0: (16, 0), 1: (4, 12), 2: (2, 14), 3: (0, 16)}[stage]
+    return kept * psi + sharded * psi / n
 
 
 def m_peak(phi, n, phi_layer):
@@ -143,16 +203,28 @@ def m_peak_corrected(phi, n, phi_layer, activation_bytes=0, param_bytes=2, prefe
     return 16 * phi / n + param_bytes * phi_layer * copies + param_bytes * phi_layer + activation_bytes
 
 
-def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute=False):
-    """Bytes one transformer layer keeps for backward, 16-bit activations: s·b·h·(34 + 5·a·s/h).
+ATTENTION = ("fused", "materialized")
 
-    Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1
-    (no tensor/sequence parallelism): 34sbh = attention 11 + MLP 19 + two layer norms 4 (1-byte dropout masks);
-    5as²b = attention scores, softmax, its dropout. Full recompute keeps only the layer input: 2·s·b·h."""
+
+def activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute=False, attention="fused"):
+    """Bytes one transformer layer keeps for backward, 16-bit activations.
+
+    attention="materialized": s·b·h·(34 + 5·a·s/h), Korthikanti et al. 2022, "Reducing Activation Recomputation
+    in Large Transformer Models", eq. 1 (no tensor/sequence parallelism): 34sbh = attention 11 + MLP 19 + two
+    layer norms 4 (1-byte dropout masks); 5as²b = the stored s×s attention scores, softmax and its dropout.
+    attention="fused" (the default): SDPA/FlashAttention never stores the s×s scores; backward recomputes them
+    from Q, K, V and one fp32 log-sum-exp per head and row, so the layer keeps 34·s·b·h + 4·a·s·b. The course
+    GPT (SDPA, chapter 06) measures 2056 KiB per block against its 2184 KiB; the materialized formula
+    overshoots by the 5as²b term.
+    Full recompute keeps only the layer input: 2·s·b·h."""
     _check(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads)
+    if attention not in ATTENTION:
+        raise ValueError(f"unknown attention {attention!r}; expected one of: {', '.join(ATTENTION)}")
     s, b, h, a = seq_len, micro_batch, hidden, heads
     if recompute:
         return 2 * s * b * h
+    if attention == "fused":
+        return 34 * s * b * h + 4 * a * s * b
     return 34 * s * b * h + 5 * a * s * s * b  # = s·b·h·(34 + 5as/h), exact in integers
 
 

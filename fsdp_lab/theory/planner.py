@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from numbers import Real
 
-from fsdp_lab.theory.formulas import (GB, STRATEGIES, _ceil_div, _check, _exact, activation_bytes_per_layer, m_ddp,
-                                      m_zero1, m_zero2, m_zero3, n_min)
+from fsdp_lab.theory.formulas import (ATTENTION, GB, STRATEGIES, _ceil_div, _check, _exact,
+                                      activation_bytes_per_layer, m_ddp, m_zero1, m_zero2, m_zero3, n_min)
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 _STAGE = {"DDP": "DDP", "NOSHARD": "DDP", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2", "SHARDGRADOP": "ZeRO-2",
@@ -62,6 +62,7 @@ class Plan:
     recompute: bool
     prefetch: bool
     reserve_fraction: float
+    attention: str
     assumptions: str
     phi_layer: int
     activation_bytes: int
@@ -95,6 +96,19 @@ class Plan:
         """Everything on top of the sharded state: the same on every GPU, whatever the stage."""
         return self.working_bytes + self.activation_bytes + self.recompute_layer_bytes + self.logits_bytes
 
+    @property
+    def cpu_offload_gpu_bytes(self) -> int:
+        """Per-GPU peak under torch's CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy):
+        parameters, gradients and optimizer state live on the host and the optimizer steps there, so the card
+        holds only what is computed: working copies, activations, logits, plus the unit's fp32 shard copied in
+        for its all-gather (4·Φ_layer/N)."""
+        return self.extra_bytes + math.ceil(4 * self.phi_layer / self.gpus)
+
+    @property
+    def cpu_offload_host_bytes(self) -> int:
+        """Host memory per rank under CPU offload: the whole sharded state, 16Φ/N (fp32 params, grads, Adam)."""
+        return self.zero3_bytes
+
     def fits(self, stage, with_activations=True) -> bool:
         return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
 
@@ -117,16 +131,20 @@ LLAMA_VOCAB = 32_000
 
 def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
          layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2,
-         vocab=LLAMA_VOCAB) -> Plan:
+         vocab=LLAMA_VOCAB, attention="fused") -> Plan:
     """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
     name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
-    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape; `vocab` sizes the logits."""
+    (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape; `vocab` sizes the logits.
+    `attention`: "fused" (SDPA/FlashAttention, no stored s×s scores: what current models run) or "materialized"
+    (the scores kept, Korthikanti's sbh(34 + 5as/h)); see formulas.activation_bytes_per_layer."""
     given = {k for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
     _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, layers=layers,
            hidden=hidden, heads=heads, vocab=vocab)
     stage = _stage(strategy)
     if not (isinstance(reserve_fraction, Real) and 0 <= reserve_fraction < 1):
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if attention not in ATTENTION:
+        raise ValueError(f"unknown attention {attention!r}; expected one of: {', '.join(ATTENTION)}")
     if precision not in PRECISION_BYTES:
         raise ValueError(f"unknown precision {precision!r}; expected one of: {', '.join(PRECISION_BYTES)}")
     phi, mem = _exact(params), _exact(gpu_mem_gb * GB)
@@ -138,14 +156,16 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
                    if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
     pb = PRECISION_BYTES[precision]
     phi_layer = 12 * hidden**2
-    act = layers * activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute) * pb // 2
-    # With recompute, backward rebuilds one layer's full activations before using them: s·b·h·(34 + 5as/h).
-    recompute_layer = (activation_bytes_per_layer(seq_len, micro_batch, hidden, heads) * pb // 2) if recompute else 0
+    act = layers * activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, recompute, attention) * pb // 2
+    # With recompute, backward rebuilds one layer's full activations before using them.
+    recompute_layer = (activation_bytes_per_layer(seq_len, micro_batch, hidden, heads, attention=attention) * pb // 2
+                       if recompute else 0)
     logits = (pb + 4) * seq_len * micro_batch * vocab  # the head's output, plus its fp32 copy for the softmax/loss
     working = pb * phi_layer * (2 if prefetch else 1) + pb * phi_layer
     extra = working + act + recompute_layer + logits
     state = [math.ceil(_exact(f)) for f in (m_ddp(phi), m_zero1(phi, gpus), m_zero2(phi, gpus), m_zero3(phi, gpus))]
     return Plan(phi, gpus, mem, stage, precision, seq_len, micro_batch, layers, hidden, heads, bool(recompute),
-                bool(prefetch), reserve_fraction, assumptions, phi_layer, act, recompute_layer, logits, vocab, working,
+                bool(prefetch), reserve_fraction, attention, assumptions, phi_layer, act, recompute_layer, logits,
+                vocab, working,
                 *state, n_min(phi, mem),
                 *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))))

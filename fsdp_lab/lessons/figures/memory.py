@@ -91,6 +91,8 @@ def step_memory_by_strategy(strategies: dict, names: dict) -> None:
     strategy, with a vertical line at each collective."""
     colours = {"gather_end": "tab:green", "regather_end": "tab:olive", "reduce_scatter": "tab:red",
                "all_reduce": "tab:purple"}
+    names_of = {"gather_end": "all-gather (forward)", "regather_end": "re-gather (backward)",
+                "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce"}
     top = max(e["total"] for r in strategies.values() for e in r["events"]) / KiB * 1.1
     fig, axes = plt.subplots(len(strategies), 1, figsize=(9, 2.75 * len(strategies)))
     for ax, (s, run) in zip(axes, strategies.items()):
@@ -100,14 +102,18 @@ def step_memory_by_strategy(strategies: dict, names: dict) -> None:
                 label="full (gathered) parameters")
         ax.step(ts, [e["total"] / KiB for e in ev], where="post", color="tab:gray", linestyle="--",
                 label="all training state (params, grads, Adam)")
+        seen = set()
         for e, t in zip(ev, ts):
             if e["bytes_sent"]:
-                ax.axvline(t, color=colours[e["event"]], linewidth=0.8, alpha=0.7)
+                first = e["event"] not in seen
+                seen.add(e["event"])
+                ax.axvline(t, color=colours[e["event"]], linewidth=0.8, alpha=0.7,
+                           label=names_of[e["event"]] if first else None)
+        ax.legend(fontsize=7, loc="upper right", ncol=2)
         ax.set_title(f"{names[s]}: one step on rank 0 (vertical lines: collectives)", fontsize=10)
         ax.set_xlabel("time in the step (ms)")
         ax.set_ylabel("bytes on rank 0 (KiB)")
         ax.set_ylim(0, top)
-    axes[0].legend(fontsize=8, loc="upper right")
     show(fig)
 
 

@@ -216,6 +216,8 @@ _EN = {
     "why": "Why: {text}",
     "score": "Score: {score} / {max} ({pct}%)",
     "eof": "Input ended after {answered} of {total} questions; partial result {score} / {max} is saved.",
+    "quit": "Stopped (q) after {answered} of {total} questions. Your answers so far are saved as an unfinished "
+            "attempt: run the same command again to resume it.",
     "saved": "Progress saved to {path}.",
     "not_saved": "Progress not saved: {reason}",
     "submit": "Submit", "retry": "Retry", "unanswered": "(no answer)",
@@ -249,6 +251,7 @@ _ZH = {
     "why": "解析：{text}",
     "score": "得分：{score} / {max}（{pct}%）",
     "eof": "输入结束：已答 {answered}/{total} 题，部分成绩 {score} / {max} 已保存。",
+    "quit": "已按 q 停止：已答 {answered}/{total} 题。已答部分已存为一次未完成的作答；再次运行同一命令即可继续。",
     "saved": "进度已保存到 {path}。",
     "not_saved": "进度未保存：{reason}",
     "submit": "提交", "retry": "重做", "unanswered": "（未作答）",

@@ -5,10 +5,15 @@ The quiz in a terminal: question, options, a prompt that re-asks on bad input, f
 
 It reads lines from any text stream, so tests pipe answers through stdin. End of input, `q` or Ctrl-C stops
 the run; the caller then saves the partial attempt, and the next run offers to resume it (`resume_from`).
+`run_terminal` says which of these ended it (`Ending`). Questions, options and feedback are wrapped at word
+boundaries to the terminal's width (CJK characters count two columns), so the terminal never cuts a word.
 """
 from __future__ import annotations
 
+import enum
 import re
+import shutil
+import unicodedata
 from typing import TextIO
 
 from fsdp_lab.lessons.quiz.progress import Attempt
@@ -36,6 +41,51 @@ def parse_answer(text: str, letters: str, qtype: QuestionType, lang: str = "en")
 QUIT_WORDS = ("q", "quit", "exit")
 
 
+class Ending(enum.Enum):
+    """How a terminal run ended. Only FINISHED is true, so `if run_terminal(...)` still reads "all answered"."""
+
+    FINISHED = "finished"
+    INPUT_ENDED = "input ended"
+    QUIT = "quit"  # the learner typed q, quit or exit
+
+    def __bool__(self) -> bool:
+        return self is Ending.FINISHED
+
+
+def _columns(ch: str) -> int:
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def wrap(text: str, width: int, indent: str = "") -> str:
+    """`text` broken into lines of at most `width` columns at spaces; a run without spaces (Chinese) may break
+    between any two characters, never inside a Latin word shorter than a line. Continuation lines start with
+    `indent`. Existing line breaks are kept."""
+    out = []
+    for paragraph in text.split("\n"):
+        line, used = "", 0
+        for token in re.findall(r"\S+\s*|\s+", paragraph):
+            word = token.rstrip()
+            need = sum(map(_columns, word))
+            if line and used + need > width:
+                if any(_columns(c) == 2 for c in word):  # CJK: fill this line, then go on
+                    for ch in token:
+                        if used + _columns(ch) > width and line.strip():
+                            out.append(line.rstrip())
+                            line, used = indent, len(indent)
+                        line, used = line + ch, used + _columns(ch)
+                    continue
+                out.append(line.rstrip())
+                line, used = indent, len(indent)
+            line, used = line + token, used + sum(map(_columns, token))
+        out.append(line.rstrip())
+    return "\n".join(out)
+
+
+def terminal_width() -> int:
+    """The terminal's columns (COLUMNS, else the tty, else 100), at most 120 so lines stay readable."""
+    return max(40, min(120, shutil.get_terminal_size((100, 24)).columns))
+
+
 def summary(run: QuizRun) -> str:
     """"Score: 8.5 / 10 (85%)" and the partial-credit rule, in the run's language."""
     pct = round(100 * run.score / run.max_score) if run.max_score else 0
@@ -57,8 +107,8 @@ def _prompt(text: str, inp: TextIO, out: TextIO, echo: bool) -> str | None:
     return line
 
 
-def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str | None:
-    """Prompt until a valid answer arrives; None at end of input or on `q`."""
+def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str | Ending:
+    """Prompt until a valid answer arrives; Ending.INPUT_ENDED at end of input, Ending.QUIT on `q`."""
     shown = run.shown[index]
     qtype = shown.question.type
     span = f"{shown.letters[0]}–{shown.letters[-1]}"
@@ -66,9 +116,9 @@ def ask(run: QuizRun, index: int, inp: TextIO, out: TextIO, echo: bool) -> str |
         line = _prompt(msg(run.lang, "ask_single" if qtype is QuestionType.SINGLE else "ask_multi", span=span),
                        inp, out, echo)
         if line is None:
-            return None
+            return Ending.INPUT_ENDED
         if line.strip().lower() in QUIT_WORDS:
-            return None
+            return Ending.QUIT
         try:
             return parse_answer(line, shown.letters, qtype, run.lang)
         except AnswerFormatError as exc:
@@ -106,25 +156,29 @@ def resume_from(run: QuizRun, partial: Attempt) -> int:
     return restored
 
 
-def run_terminal(run: QuizRun, inp: TextIO, out: TextIO, echo: bool = False) -> bool:
-    """Ask every question of `run` not answered yet, in order; True if all are answered, False if input ended
-    (or `q` was typed) first. Ctrl-C propagates as KeyboardInterrupt; `run` keeps the answers given so far.
+def run_terminal(run: QuizRun, inp: TextIO, out: TextIO, echo: bool = False, width: int | None = None) -> Ending:
+    """Ask every question of `run` not answered yet, in order: Ending.FINISHED (true) if all are answered,
+    INPUT_ENDED or QUIT (false) if input ended or `q` was typed first. Ctrl-C propagates as KeyboardInterrupt;
+    `run` keeps the answers given so far.
 
-    `echo` writes each typed line back, so a transcript of piped input reads like a session."""
-    lang = run.lang
-    out.write(msg(lang, "header", key=run.chapter.key, title=run.chapter.title.get(lang), n=len(run)) + "\n")
-    out.write(msg(lang, "rule") + "\n\n")
+    `echo` writes each typed line back, so a transcript of piped input reads like a session. `width`: columns to
+    wrap at (default: the terminal's)."""
+    lang, width = run.lang, width or terminal_width()
+    out.write(wrap(msg(lang, "header", key=run.chapter.key, title=run.chapter.title.get(lang), n=len(run)), width)
+              + "\n")
+    out.write(wrap(msg(lang, "rule"), width) + "\n\n")
     for index, shown in enumerate(run.shown):
         if index in run.answers:  # restored from an interrupted attempt
             continue
         q = shown.question
-        out.write(msg(lang, "question", number=shown.number, total=len(run), type=msg(lang, q.type.value),
-                      difficulty=difficulty_label(q.difficulty, lang)) + " " + shown.prompt + "\n")
+        title = msg(lang, "question", number=shown.number, total=len(run), type=msg(lang, q.type.value),
+                    difficulty=difficulty_label(q.difficulty, lang))
+        out.write(wrap(title + " " + shown.prompt, width) + "\n")
         for opt in shown.options:
-            out.write(f"  {opt.letter}. {opt.text}\n")
+            out.write(wrap(f"  {opt.letter}. {opt.text}", width, indent="     ") + "\n")
         letters = ask(run, index, inp, out, echo)
-        if letters is None:
-            return False
-        out.write(run.submit(index, letters).feedback.as_text() + "\n\n")
-    out.write(summary(run) + "\n")
-    return True
+        if isinstance(letters, Ending):
+            return letters
+        out.write(wrap(run.submit(index, letters).feedback.as_text(), width, indent="    ") + "\n\n")
+    out.write(wrap(summary(run), width) + "\n")
+    return Ending.FINISHED

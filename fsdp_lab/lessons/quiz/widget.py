@@ -25,6 +25,13 @@ from fsdp_lab.lessons.quiz.terminal import summary
 from fsdp_lab.lessons.widgets.static import QuietRepr
 
 _FULL_WIDTH = widgets.Layout(width="100%")
+# ipywidgets gives each radio label and checkbox a fixed one-line height: a long option would overflow onto the
+# next one and push its own button out of view. Inside a quiz, options wrap and grow instead.
+_OPTION_CSS = ("<style>.fsdp-quiz .widget-radio-box label{height:auto;min-height:20px;line-height:18px;"
+               "display:flex;align-items:flex-start;gap:6px;margin:2px 0;white-space:normal}"
+               ".fsdp-quiz .widget-radio-box input{float:none;order:-1;flex:0 0 auto;height:18px;margin:0}"
+               ".fsdp-quiz .widget-checkbox{height:auto;min-height:20px;line-height:18px;align-items:flex-start}"
+               ".fsdp-quiz .widget-checkbox label{white-space:normal;height:auto;line-height:18px}</style>")
 _VERDICT_COLOUR = ("#b91c1c", "#b45309", "#15803d")  # wrong, partly right, right
 _TEXT = {
     "en": {"blank": "{n} question(s) left blank ({which}): a blank question scores 0. Press Submit again to "
@@ -39,7 +46,13 @@ _TEXT = {
 
 
 class _QuizBox(QuietRepr, widgets.VBox):
-    """The quiz's box: no Python repr in a notebook opened before it runs."""
+    """The quiz's box: no Python repr in a notebook opened before it runs, but its questions and a hint."""
+
+    preview_hint = "Run this cell (Shift+Enter) to take the quiz: pick your answers, then press Submit."
+    preview = ""
+
+    def preview_html(self) -> str:
+        return self.preview
 
 
 def _display_path(path: Path) -> str:
@@ -77,7 +90,7 @@ class QuizWidget:
         self.submit_button.on_click(self._on_submit_click)
         self.retry_button.on_click(self.retry)
         heading = msg(lang, "header", key=chapter.key, title=chapter.title.get(lang), n=len(self.run))
-        header = widgets.HTML(f"<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
+        header = widgets.HTML(f"{_OPTION_CSS}<h3>{_html(heading)}</h3><p><i>{_html(msg(lang, 'rule'))}</i></p>")
         items = [header]
         for shown, control, fb in zip(self.run.shown, self.controls, self.feedback):
             q = shown.question
@@ -86,6 +99,21 @@ class QuizWidget:
             items.append(widgets.VBox([widgets.HTML(f"<b>{_html(title)}</b> {_html(shown.prompt)}"), control, fb]))
         items += [self.history, widgets.HBox([self.submit_button, self.retry_button]), self.summary]
         self.box = _QuizBox(items)
+        self.box.add_class("fsdp-quiz")
+        self.box.preview = self._preview_html(heading)
+
+    def _preview_html(self, heading: str) -> str:
+        """The questions and their options as the form will show them; no key, no feedback."""
+        parts = [f"<h3>{_html(heading)}</h3>"]
+        for shown in self.run.shown:
+            q = shown.question
+            title = msg(self.lang, "question", number=shown.number, total=len(self.run),
+                        type=msg(self.lang, q.type.value), difficulty=difficulty_label(q.difficulty, self.lang))
+            mark = "○" if q.type is QuestionType.SINGLE else "☐"
+            options = "".join(f"<div style='margin-left:12px'>{mark} {_html(f'{o.letter}. {o.text}')}</div>"
+                              for o in shown.options)
+            parts.append(f"<div style='margin:6px 0'><b>{_html(title)}</b> {_html(shown.prompt)}{options}</div>")
+        return "".join(parts)
 
     def _control(self, index: int) -> widgets.Widget:
         shown = self.run.shown[index]

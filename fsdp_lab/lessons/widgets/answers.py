@@ -21,6 +21,8 @@ SHOW, HIDE = "Show the answers 显示答案", "Hide the answers 隐藏答案"
 class HiddenAnswers(QuietRepr, widgets.VBox):
     """A button that shows (and hides again) a numbered list of answers."""
 
+    preview_hint = "Run this cell (Shift+Enter), then press the button: the answers stay hidden until you ask."
+
     def __init__(self, lines: Iterable[str], label: str = SHOW):
         self.lines = tuple(str(line) for line in lines)
         if not self.lines:
@@ -30,6 +32,11 @@ class HiddenAnswers(QuietRepr, widgets.VBox):
         self.body = widgets.HTML("")
         self.button.on_click(self.toggle)
         super().__init__([self.button, self.body])
+
+    def preview_html(self) -> str:
+        """The button as it will look, and nothing of the answers."""
+        return (f"<span style='display:inline-block;border:1px solid #9ca3af;border-radius:3px;padding:2px 10px;"
+                f"background:#f3f4f6;color:#374151'>{esc(self.label)}</span>")
 
     @property
     def shown(self) -> bool:

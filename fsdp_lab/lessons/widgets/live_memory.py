@@ -59,6 +59,12 @@ def beat_spans(events: list, rank: int = 0) -> list:
 
 
 class LiveMemoryChart(QuietRepr, widgets.VBox):
+    preview_hint = ("Run this cell (Shift+Enter) to train the ranks and follow their memory live; the picture is "
+                    "the chart of the run saved with the notebook.")
+
+    def preview_html(self) -> str:
+        return "" if self.events else ("<div style='color:#6b7280'>The chart appears here as the ranks write their "
+                                       "trace.</div>")
     def __init__(self, trace_dir, *, total_steps: Optional[int] = None, world_size: Optional[int] = None,
                  title: str = "memory per rank", provenance: str = "", focus_step: Optional[int] = None):
         """`focus_step`: the step drawn event by event on the right (default: the latest); pass the step the
@@ -231,6 +237,7 @@ class LiveMemoryChart(QuietRepr, widgets.VBox):
         self.stop()
         self.update()
         self.progress.bar_style = "danger" if self.error else "success"
+        self.refresh_preview()  # the saved output shows the finished chart, not the empty one it started as
         if self.error is not None:
             raise self.error
         return self.result

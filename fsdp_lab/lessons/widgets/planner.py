@@ -1,4 +1,5 @@
-"""Planner: sliders for Φ, N, GPU memory, strategy and precision; the article's formula beside a measured point.
+"""Planner: sliders for Φ, N, GPU memory, strategy, precision, sequence length, micro-batch, recompute and the
+attention kind; the article's formula beside a measured point.
 
     Planner()                                          # formulas only
     Planner(measured=MeasuredPoint.from_run(run))      # plus a real run's bytes next to the prediction
@@ -17,6 +18,7 @@ from matplotlib.figure import Figure
 from fsdp_lab.lessons.widgets.fmt import esc, figure_png, human_bytes, show_figure
 from fsdp_lab.lessons.widgets.static import QuietRepr
 from fsdp_lab.theory import formulas, planner
+from fsdp_lab.training.models import PRESETS
 
 STAGE_FORMULA = {"DDP": ("16Φ", lambda phi, n: formulas.m_ddp(phi)),
                  "ZeRO-1": ("4Φ + 4Φ + 8Φ/N", formulas.m_zero1),
@@ -60,7 +62,13 @@ def n_options(*extra) -> list:
 
 
 def gb(x: float) -> str:
-    return f"{x / formulas.GB:,.2f} GB"
+    """Bytes as GB (1e9) from 0.01 GB up; smaller amounts (a toy model's) in KiB/MiB, never "0.00 GB"."""
+    return f"{x / formulas.GB:,.2f} GB" if x >= formulas.GB / 100 or x == 0 else human_bytes(x)
+
+
+def seq_options(*extra) -> list:
+    """Sequence lengths: powers of two from 16 to 128k, plus any passed in (a measured run's)."""
+    return sorted({2**k for k in range(4, 18)} | {int(x) for x in extra if x})
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,14 @@ class MeasuredPoint:
     memory: dict  # fsdp_lab.runtime.memory kinds → bytes
     step_tensor_bytes: int  # AdamW's 0-d `step` counters, one per parameter tensor: not in the 16Φ formulas
     label: str = ""
+    # the run's shape, so the planner sizes activations and logits for this model, not a LLaMA-like guess
+    layers: Optional[int] = None
+    hidden: Optional[int] = None
+    heads: Optional[int] = None
+    vocab: Optional[int] = None
+    seq_len: Optional[int] = None
+    micro_batch: Optional[int] = None
+    precision: str = "fp32"
 
     @property
     def measured(self) -> dict:
@@ -91,13 +107,21 @@ class MeasuredPoint:
         steps = [e for e in run.events if e["rank"] == rank and e["event"] == "optimizer_step"]
         if not steps:
             raise ValueError(f"rank {rank} has no optimizer_step event in this trace ({len(run.events)} events)")
+        cfg = PRESETS[run.preset]
         return cls(run.phi, run.numel_padded_total, run.world_size, run.strategy, dict(steps[-1]["mem"]),
                    run.ranks[rank]["step_tensor_bytes"],
                    f"real run: preset {run.preset!r}, {run.world_size} ranks, {run.strategy}, {run.device}, "
-                   f"rank {rank} after its last optimizer step")
+                   f"rank {rank} after its last optimizer step",
+                   cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, run.seq_len or cfg.block_size,
+                   run.micro_batch or 1)
 
 
 class Planner(QuietRepr, widgets.VBox):
+    preview_hint = ("Run this cell (Shift+Enter) to move the planner's sliders; until then this is its first view, "
+                    "the article's example.")
+
+    def preview_html(self) -> str:
+        return self.formula.value + self._measured_html()
     def __init__(self, measured: Optional[MeasuredPoint] = None, phi: float = 7e9, n: int = 8,
                  gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16"):
         self.measured = measured
@@ -114,17 +138,32 @@ class Planner(QuietRepr, widgets.VBox):
         self.precision = widgets.ToggleButtons(options=list(planner.PRECISION_BYTES), value=precision,
                                                description="precision",
                                                style={"description_width": "130px", "button_width": "70px"})
-        self.use_measured = widgets.Button(description="set Φ, N to the measured run", disabled=measured is None,
-                                           layout=widgets.Layout(width="240px"))
+        self.seq = widgets.SelectionSlider(options=seq_options(2048, measured.seq_len if measured else None),
+                                           value=2048, description="sequence length", style=style, layout=wide)
+        self.micro_batch = widgets.IntSlider(value=1, min=1, max=64, description="micro-batch", style=style,
+                                             layout=wide)
+        self.recompute = widgets.Checkbox(value=False, description="activation recompute (checkpointing)",
+                                          indent=False, layout=widgets.Layout(margin="0 0 0 134px"))
+        self.attention = widgets.ToggleButtons(
+            options=[("fused (SDPA/Flash)", "fused"), ("scores stored", "materialized")], value="fused",
+            description="attention", tooltips=["no s×s scores kept (what current models run)",
+                                               "the article's sbh(34 + 5as/h): the s×s scores kept"],
+            style={"description_width": "130px", "button_width": "130px"})
+        self.use_measured = widgets.Button(description="set every control to the measured run",
+                                           disabled=measured is None, layout=widgets.Layout(width="280px"))
         self.use_measured.on_click(lambda _b: self.jump_to_measured())
         self.formula = widgets.HTML(layout=widgets.Layout(flex="1 1 0", margin="0 24px 0 0"))
         self.measured_html = widgets.HTML(layout=widgets.Layout(flex="1 1 0"))
         self.out = widgets.Output()
         self.plan: Optional[planner.Plan] = None
         self._quiet = False
-        for w in (self.phi, self.n, self.gpu, self.strategy, self.precision):
+        for w in (self.phi, self.n, self.gpu, self.strategy, self.precision, self.seq, self.micro_batch,
+                  self.recompute, self.attention):
             w.observe(self._redraw, names="value")
-        controls = widgets.VBox([self.phi, self.n, self.gpu, self.strategy, self.precision, self.use_measured])
+        if measured is None:
+            self.use_measured.layout.display = self.measured_html.layout.display = "none"
+        controls = widgets.VBox([self.phi, self.n, self.gpu, self.strategy, self.precision, self.seq,
+                                 self.micro_batch, self.recompute, self.attention, self.use_measured])
         super().__init__([controls, widgets.HBox([self.formula, self.measured_html]), self.out])
         self._redraw()
 
@@ -135,6 +174,11 @@ class Planner(QuietRepr, widgets.VBox):
         self._quiet = True  # one redraw for the three changes, not three
         try:
             self.phi.value, self.n.value, self.strategy.value = m.phi, m.n, STAGE_OF[m.strategy]
+            self.precision.value, self.recompute.value = m.precision, False
+            if m.seq_len:
+                self.seq.value = m.seq_len
+            if m.micro_batch:
+                self.micro_batch.value = min(m.micro_batch, self.micro_batch.max)
         finally:
             self._quiet = False
         self._redraw()
@@ -149,8 +193,13 @@ class Planner(QuietRepr, widgets.VBox):
     def _redraw(self, _change=None) -> None:
         if self._quiet:
             return
-        phi, n, stage = round(self.phi.value), self.n.value, self.strategy.value
-        self.plan = planner.plan(phi, n, self.gpu.value, strategy=stage, precision=self.precision.value)
+        phi, n, stage, m = round(self.phi.value), self.n.value, self.strategy.value, self.measured
+        shape = {}
+        if m is not None and phi == m.phi and m.hidden:  # the measured model: its own shape and vocabulary
+            shape = dict(layers=m.layers, hidden=m.hidden, heads=m.heads, vocab=m.vocab)
+        self.plan = planner.plan(phi, n, self.gpu.value, strategy=stage, precision=self.precision.value,
+                                 seq_len=self.seq.value, micro_batch=self.micro_batch.value,
+                                 recompute=self.recompute.value, attention=self.attention.value, **shape)
         self.formula.value = self._formula_html(phi, n, stage)
         self.measured_html.value = self._measured_html()
         show_figure(self.out, self.figure())
@@ -165,8 +214,12 @@ class Planner(QuietRepr, widgets.VBox):
                 f"({esc(stage)}, Φ = {_short(phi)}, N = {n})<br>"
                 f"M<sub>{esc(stage)}</sub> = {expr} = <b>{gb(fn(phi, n))}</b> per GPU (states only)<br>"
                 f"+ one unit's working copies {gb(p.working_bytes)} + activations {gb(p.activation_bytes)} "
-                f"+ logits and their fp32 loss copy {gb(p.logits_bytes)} "
-                f"(seq {p.seq_len}, micro-batch {p.micro_batch}, {p.precision}) = peak <b>{gb(p.peak_bytes(stage))}"
+                f"{f'+ the layer recomputed in backward {gb(p.recompute_layer_bytes)} ' if p.recompute else ''}"
+                f"+ logits and their fp32 loss copy {gb(p.logits_bytes)} (vocab {p.vocab:,}) "
+                f"(seq {p.seq_len}, micro-batch {p.micro_batch}, {p.precision}, "
+                f"{'recompute' if p.recompute else 'no recompute'}, "
+                f"{'fused attention' if p.attention == 'fused' else 's×s scores stored'}) "
+                f"= peak <b>{gb(p.peak_bytes(stage))}"
                 f"</b>: {verdict(p.fits(stage))} in {self.gpu.value} GB<br>"
                 f"<span style='color:#6b7280'>Precision sets the working copies, activations and logits "
                 f"({planner.PRECISION_BYTES[p.precision]} bytes a value), so it moves the peak. The states do not "
@@ -182,8 +235,7 @@ class Planner(QuietRepr, widgets.VBox):
     def _measured_html(self) -> str:
         m = self.measured
         if m is None:
-            return ("<div style='color:#6b7280;line-height:20px'>No measured point: pass "
-                    "<code>measured=MeasuredPoint.from_run(run)</code> to compare with a real run.</div>")
+            return ""
         got, want = m.measured, m.predicted
         pred = {"params": want.params, "grads": want.grads, "optimizer": want.optimizer, "total": want.total}
         rows = "".join(f"<tr><td>{k}</td><td>{got[k]:,} B</td><td>{pred[k]:,} B</td><td>{got[k] - pred[k]:+,}</td></tr>"
@@ -226,15 +278,19 @@ class Planner(QuietRepr, widgets.VBox):
                  ("logits + loss copy", lambda s: p.logits_bytes, "#facc15"))
         x = range(len(planner.STAGES))
         bottom = [0.0] * len(planner.STAGES)
+        tiny = max(p.peak_bytes(s) for s in planner.STAGES) < formulas.GB / 100  # a toy model: MiB, not 0.00 GB
+        unit, unit_name = (2**20, "MiB") if tiny else (formulas.GB, "GB")
         for label, value, colour in parts:
-            heights = [value(s) / formulas.GB for s in planner.STAGES]
+            heights = [value(s) / unit for s in planner.STAGES]
             right.bar(x, heights, 0.6, bottom=bottom, color=colour, label=label,
                       edgecolor=["black" if s == self.strategy.value else colour for s in planner.STAGES])
             bottom = [b + h for b, h in zip(bottom, heights)]
-        right.axhline(self.gpu.value, color="#b91c1c", linestyle="--", linewidth=1, label="GPU memory")
+        if not tiny:
+            right.axhline(self.gpu.value, color="#b91c1c", linestyle="--", linewidth=1, label="GPU memory")
         right.set_xticks(list(x), list(planner.STAGES))
-        right.set(xlabel="ZeRO stage", ylabel="peak per GPU (GB)",
-                  title=f"peak at N = {n}, {p.precision}, seq {p.seq_len}, micro-batch {p.micro_batch}")
+        right.set(xlabel="ZeRO stage", ylabel=f"peak per GPU ({unit_name})",
+                  title=f"peak at N = {n}, {p.precision}, seq {p.seq_len}, micro-batch {p.micro_batch}"
+                        f"{', recompute' if p.recompute else ''}")
         right.grid(alpha=0.3, axis="y")
         right.legend(fontsize=7)
         return fig

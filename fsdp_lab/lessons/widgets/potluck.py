@@ -44,6 +44,9 @@ def next_beat_index(events: list, index: int) -> int:
 class PotluckLifecycle(QuietRepr, widgets.VBox):
     """Households (ranks), their fridges (shards) and tables (gathered units), stepping through a trace."""
 
+    preview_hint = ("Run the cells above and this one (Shift+Enter) to play the potluck: press ▶, drag the slider "
+                    "or press next beat. Below is its first frame.")
+
     def __init__(self, events: Optional[list] = None, *, step: Optional[int] = None, sizes: Optional[Sizes] = None,
                  title: str = "", source: str = "", message: str = "", interval_ms: int = 350):
         """`events`: a merged trace (fsdp_lab.observe.trace.load_trace). `step`: keep only that training step, so a
@@ -63,7 +66,7 @@ class PotluckLifecycle(QuietRepr, widgets.VBox):
                                         continuous_update=True, disabled=not self.events,
                                         layout=widgets.Layout(width="460px"))
         self._link = widgets.link((self.play, "value"), (self.slider, "value"))
-        self.next_button = widgets.Button(description="next beat ⏭", disabled=not self.events,
+        self.next_button = widgets.Button(description="next beat »", disabled=not self.events,
                                           tooltip="jump to the next beat (another beat or another unit)",
                                           layout=widgets.Layout(width="120px"))
         self.next_button.on_click(lambda _b: self.next_beat())
@@ -80,6 +83,9 @@ class PotluckLifecycle(QuietRepr, widgets.VBox):
         controls = widgets.HBox([self.play, self.slider, self.next_button])
         strip = [self.phase_strip] if self.events else []
         super().__init__([w for w in (self.title, self.source) if w.value] + [controls] + strip + [self.view])
+
+    def preview_html(self) -> str:
+        return self.phase_strip.value + self.view.value
 
     def _redraw(self, _change=None) -> None:
         self.state = frame(self.events, self.slider.value, self._sizes)

@@ -42,9 +42,10 @@ def _bar(fraction: float, colour: str, width_px: int, style: str = "solid") -> s
 
 def _row(name: str, body: str, note: str = "", weight: str = "400") -> str:
     return (f"<div style='display:flex;align-items:center;gap:6px;height:19px;line-height:19px'>"
-            f"<span style='width:72px;font-family:monospace;font-weight:{weight};overflow:hidden;"
+            f"<span style='flex:0 0 72px;font-family:monospace;font-weight:{weight};overflow:hidden;"
             f"text-overflow:ellipsis;white-space:nowrap'>{esc(name)}</span>{body}"
-            f"<span style='color:#374151;white-space:nowrap'>{note}</span></div>")
+            f"<span style='color:#374151;white-space:nowrap;min-width:0;overflow:hidden;text-overflow:ellipsis'>"
+            f"{note}</span></div>")
 
 
 def _fridge(h: Household, scale: Scale) -> str:
@@ -58,7 +59,7 @@ def _fridge(h: Household, scale: Scale) -> str:
         rows.append(_row(unit, body, note))
     if h.optimizer_bytes:
         rows.append(_row("Adam", _bar(h.optimizer_bytes / scale.fridge_max, "#34d399", _UNIT_PX),
-                         f"{human_bytes(h.optimizer_bytes)} · AdamW moments of its shards 优化器状态"))
+                         f"{human_bytes(h.optimizer_bytes)} · AdamW moments"))
     else:
         rows.append(_row("Adam", "<span style='color:#9ca3af'>none yet: AdamW makes its moments at the first "
                                  "optimizer step</span>"))

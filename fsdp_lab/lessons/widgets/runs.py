@@ -40,6 +40,8 @@ class LifecycleRun:
     preset: str
     device: str
     ranks: list = field(default_factory=list)
+    seq_len: Optional[int] = None  # tokens per sequence the ranks trained on (None: the preset's block size)
+    micro_batch: Optional[int] = None  # sequences per rank per step (None: the default global batch / N)
 
     @property
     def sizes(self) -> Sizes:
@@ -77,4 +79,4 @@ def record_lifecycle(world_size: int = 2, strategy: str = "FULL_SHARD", steps: i
                    **spec_fields)
     results = run_on_ranks(train, world_size, spec, timeout_s=timeout_s)
     return LifecycleRun(merge_events([r["events"] for r in results]), trace_dir, world_size, strategy, preset,
-                        device, results)
+                        device, results, spec.seq_len or PRESETS[preset].block_size, spec.global_batch // world_size)
