@@ -11,7 +11,6 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.autograd import Variable
 from torch.utils._pytree import tree_map
 
 from fsdp_lab.runtime.flat_param import FlatParam
@@ -19,12 +18,13 @@ from fsdp_lab.runtime.grad_norm import clip_grad_norm_
 from fsdp_lab.runtime.memory import memory_report
 from fsdp_lab.runtime.mixed_precision import MixedPrecision, coerce_mixed_precision, compute_dtype, reduce_dtype
 from fsdp_lab.runtime.partition import partition_params
+from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
                                          load_full_state_dict)
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
 from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params, summon_full_params
-from fsdp_lab.runtime.unit import Unit, UnitState
+from fsdp_lab.runtime.unit import Unit
 from fsdp_lab.runtime.wrap import select_units
 
 _PREFIX = "_fsdp_wrapped_module."
@@ -177,7 +177,7 @@ class FSDP(nn.Module):
                 flats.append(FlatParam(
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
-                    shard_storage=ctx.strategy.shards_params))
+                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype))
             for _param, aliases in info.trainable + info.frozen:  # the flat shards replace them
                 for owner, attr, _q in aliases:
                     owner._parameters.pop(attr, None)
@@ -216,47 +216,18 @@ class FSDP(nn.Module):
         return output
 
     def _drop_abandoned_backward(self) -> None:
-        """[Note: per-iteration state is reset at the root's pre-forward] A backward that raised half-way (an
-        OOM caught by the loop) never reaches the end-of-backward callback: autograd drops queued callbacks on
-        error. Its units stay unsharded and its flags say "in backward". If no backward is running now, the next
-        forward frees those units, waits for the reductions already issued (their gradients are already on the
-        shards: reductions are synchronous on the reduce stream), drops gradients stashed by no_sync, and starts
-        clean. The gradients already stored on the shards stay, as partial
-        gradients stay in .grad in one process: the loop zeroes them (optimizer.zero_grad()) before retrying."""
-        ctx = self._ctx
-        if not ctx.in_backward:
-            return
-        if torch._C._current_graph_task_id() != -1:
-            raise RuntimeError("FSDP forward called while a backward is still running")
-        ctx.reduces.drain()
-        for unit in self._units:
-            unit.reset_abandoned_backward()
-        ctx.in_backward = ctx.final_callback_queued = False
+        drop_abandoned_backward(self._ctx, self._units)  # [Note: per-iteration state is reset ...] in root.py
 
     def _on_backward_start(self) -> None:
-        ctx = self._ctx
-        if not ctx.final_callback_queued:
-            ctx.final_callback_queued = True
-            ctx.in_backward = True
-            Variable._execution_engine.queue_callback(self._finish_backward)
+        queue_finish_backward(self._ctx, self._finish_backward)
 
     def _finish_backward(self) -> None:
-        ctx = self._ctx
-        try:
-            for unit in self._units:
-                unit.finish_backward()
-                for flat in unit.trainable_flats:
-                    if flat.orig_params is not None:
-                        flat.shard_grad_to_orig()
-            stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
-            if stuck:
-                raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
-            ctx.emit("backward_end", "<root>", "backward")
-            if ctx.tracer is not None:
-                ctx.tracer.on_backward_end()
-        finally:
-            ctx.in_backward = False
-            ctx.final_callback_queued = False
+        def orig_grads(unit):
+            for flat in unit.trainable_flats:
+                if flat.orig_params is not None:
+                    flat.shard_grad_to_orig()
+
+        finish_backward(self._ctx, self._units, orig_grads)
 
     def _reshard_all(self, phase: str) -> None:
         """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""
