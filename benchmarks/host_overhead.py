@@ -59,8 +59,8 @@ def worker(setup: str) -> None:
 
 def start(pythonpath: str, setup: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": pythonpath, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", "--setup", setup], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env=env, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", "--setup", setup], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
     if json.loads(proc.stdout.readline()).get("ready") is not True:
         raise RuntimeError(f"worker with PYTHONPATH={pythonpath} did not start")
     return proc
@@ -103,7 +103,8 @@ def main(argv=None) -> int:
     vs_plain = [f / p for f, p in zip(medians[("new", args.setup)], medians[("new", "plain")])]
     ratios = [n / b for n, b in zip(over["new"], over["baseline"]) if b > 0]
     ms = {f"{v}_{m}_ms": round(1e3 * statistics.median(t), 3) for (v, m), t in medians.items()}
-    result = {"setup": args.setup, "baseline": args.baseline, "rounds": args.rounds, "steps_per_round": args.steps, **ms,
+    result = {"setup": args.setup, "baseline": args.baseline, "rounds": args.rounds, "steps_per_round": args.steps,
+              **ms,
               "overhead_baseline_ms": round(1e3 * statistics.median(over["baseline"]), 3),
               "overhead_new_ms": round(1e3 * statistics.median(over["new"]), 3),
               "ratio_of_median_overheads": round(statistics.median(over["new"])

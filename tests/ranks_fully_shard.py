@@ -362,4 +362,19 @@ def api_checks(rank, world_size):
     keep = ignored[1].weight
     fsdp_lab.fully_shard(ignored, ignored_params={keep})
     out["ignored_kept"] = ignored[1].weight is keep and not isinstance(keep, DTensor)
+    out["seam_missing"] = _seam_missing(lin)
     return out
+
+
+def _seam_missing(sharded_linear) -> dict:
+    """Names of the layout seam (fsdp_lab.runtime.layout.ShardLayout) that either layout lacks."""
+    from fsdp_lab.runtime.flat_param import FlatParam
+    from fsdp_lab.runtime.layout import ShardLayout
+
+    plain = nn.Linear(3, 5)
+    flat = FlatParam("u", [(plain.weight, [(plain, "weight", "weight")])], 1, 0, requires_grad=True,
+                     compute_dtype=torch.float32, keep_replica=False, shard_storage=True)
+    flat.grad_stash = flat.replica_grad = None  # what the Unit sets
+    group = sharded_linear._fsdp_lab_state.unit.flats[0]
+    names = set(ShardLayout.__annotations__) | {n for n in vars(ShardLayout) if not n.startswith("_")}
+    return {type(layout).__name__: sorted(n for n in names if not hasattr(layout, n)) for layout in (flat, group)}

@@ -143,3 +143,4 @@ def test_api_shape_and_refusals():
                        ("tied_across", "tied"), ("positional", "positional")):
         assert out[key] is not None and words in out[key], (key, out[key])
     assert out["ignored_kept"], "an ignored parameter stays the plain, unsharded one"
+    assert out["seam_missing"] == {"FlatParam": [], "ParamGroup": []}, "both layouts provide the whole seam"

@@ -86,11 +86,13 @@ class FSDPModule:
     def set_modules_to_forward_prefetch(self, modules: list) -> None:
         """Issue these modules' all-gathers when this module's forward starts (instead of the recorded order's
         next one)."""
-        self._fsdp_state().unit.forward_prefetch_units = _units_of(modules, "set_modules_to_forward_prefetch")
+        self.__dict__["_fsdp_lab_state"].unit.forward_prefetch_units = _units_of(modules,
+                                                                                "set_modules_to_forward_prefetch")
 
     def set_modules_to_backward_prefetch(self, modules: list) -> None:
         """Issue these modules' re-gathers when this module's backward starts."""
-        self._fsdp_state().unit.backward_prefetch_units = _units_of(modules, "set_modules_to_backward_prefetch")
+        self.__dict__["_fsdp_lab_state"].unit.backward_prefetch_units = _units_of(modules,
+                                                                                 "set_modules_to_backward_prefetch")
 
     def _apply(self, *args, **kwargs):
         """to_empty, .to(), ...: reshard first, so that what gets converted is the registered sharded
@@ -103,7 +105,7 @@ def _units_of(modules: list, method: str) -> list:
     bad = [type(m).__name__ for m in modules if not isinstance(m, FSDPModule)]
     if bad:
         raise ValueError(f"{method} expects fully_shard modules, got {bad}")
-    return [m._fsdp_state().unit for m in modules]
+    return [m.__dict__["_fsdp_lab_state"].unit for m in modules]  # no lazy init: the root is not known yet
 
 
 def register_fsdp_forward_method(module: nn.Module, method_name: str) -> None:

@@ -102,25 +102,30 @@ class ParamGroup(UnshardedViews):
         self.master_dtype = entries[0][0].dtype
         self.shard_numel = sum(s.shard_numel for s in slots)  # S
         self._padded_sizes = [n * s.shard_numel for s in slots]
+        self._held = [s for s in slots if s.local_rows]  # the parameters with rows on this rank
+        # The send buffer cut into (held rows, padding) per parameter; picks: the pieces that take a parameter.
+        self._send_sizes, self._send_picks = [], []
+        for s in slots:
+            held = s.local_rows * s.row_numel
+            if held:
+                self._send_picks.append(len(self._send_sizes))
+                self._send_sizes.append(held)
+            if s.shard_numel > held:
+                self._send_sizes.append(s.shard_numel - held)
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
         self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
         self.full.requires_grad_(requires_grad)
         self.free_full()
 
-    def params(self) -> list[nn.Parameter]:
-        return [s.registered() for s in self.slots]
-
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
         """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
         send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
-        dst, src, offset = [], [], 0
-        for slot in self.slots:
-            if slot.local_rows:
-                dst.append(send[offset:offset + slot.local_rows * slot.row_numel])
-                src.append(slot.registered().to_local().reshape(-1))
-            offset += slot.shard_numel
-        torch._foreach_copy_(dst, src)
+        # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
+        # per gather, and no gradient flows through a copy-in.
+        src = [slot.registered()._local_tensor.reshape(-1) for slot in self._held]
+        parts = torch.split(send, self._send_sizes)
+        torch._foreach_copy_([parts[i] for i in self._send_picks], src)
         return send
 
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
