@@ -147,8 +147,15 @@ def train(model, opt, rank, world_size, steps, first_step=0, micro_batches=1, be
 
 def _result(model, opt, rank, world_size, steps=3, **kw):
     losses, norms, evals = train(model, opt, rank, world_size, steps, **kw)
-    return {"losses": losses, "norms": norms, "evals": evals, "params": full_params(model),
-            "class": type(model).__name__, "frozen_grads": [p.grad for p in model.layers[1].gate.parameters()]}
+    out = {"losses": losses, "norms": norms, "evals": evals, "params": full_params(model),
+           "class": type(model).__name__, "frozen_grads": [p.grad for p in model.layers[1].gate.parameters()]}
+    # Between forward and backward: is a block's weight the sharded DTensor (resharded after forward) or the
+    # unsharded tensor (kept for backward)? And the root's?
+    loss = loss_of(model, *batch(0, rank, world_size))
+    out["between"] = [isinstance(model.layers[0].up.weight, DTensor), isinstance(model.embed.weight, DTensor)]
+    loss.backward()
+    opt.zero_grad()
+    return out
 
 
 # -- the cases ---------------------------------------------------------------------------------------------------

@@ -61,6 +61,15 @@ def test_matches_torch_fully_shard(world_size, case):
     compare(got, ref, BF16_TOL if case == "bf16" else TORCH_TOL, f"{case} on {world_size} ranks")
     assert got["class"] == ref["class"] == "FSDPTiedLM"
     assert all(g is None for g in got["frozen_grads"]), "a frozen parameter got a gradient"
+    assert got["between"] == ref["between"], "what stays unsharded between forward and backward"
+
+
+@pytest.mark.parametrize("case,between", [("fp32", [True, False]), ("no_reshard", [False, True]),
+                                          ("int_reshard", [True, False])])
+def test_reshard_after_forward_decides_what_stays_unsharded(case, between):
+    """Blocks reshard after forward by default, the root does not (None); False keeps a block unsharded for its
+    backward; as ints, the mesh size means True and 1 means False."""
+    assert results("fsdp_lab", 2)[case]["between"] == between
 
 
 ONE_PROCESS_PAIRS = [(n, c) for n in (1, 2, 4) for c in FP32 if n < 4 or c in AT_FOUR]
