@@ -1,9 +1,12 @@
-"""fsdp_lab: a compact, complete FSDP (ZeRO-3) runtime for learning, with the names of torch.distributed.fsdp.
+"""fsdp_lab: a compact, complete FSDP (ZeRO-3) runtime for learning, with the names of torch.distributed.fsdp:
+FSDP1's wrapper (`FSDP`) and FSDP2's `fully_shard`, over one core.
 
 The public names load torch on first use, so `fsdp-lab --help` (and a Ctrl-C while it starts) stays quick."""
 __version__ = "0.1.0"
 __all__ = ["FSDP", "FullyShardedDataParallel", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch",
-           "StateDictType", "FullStateDictConfig", "ShardedStateDictConfig"]
+           "StateDictType", "FullStateDictConfig", "ShardedStateDictConfig",
+           "fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy", "CPUOffloadPolicy", "OffloadPolicy",
+           "register_fsdp_forward_method"]
 
 
 def __getattr__(name):

@@ -51,7 +51,7 @@ def test_values_are_positive_and_consistent(cpu_bench):
     for key in ("step_time_ratio_vs_fsdp2", "peak_memory_ratio_vs_fsdp2", "step_time_ratio_vs_plain"):
         assert 0 < result[key] < math.inf, (key, result[key])
     rows = result["results"]
-    assert sorted(rows) == ["fsdp2", "fsdp_lab", "plain"]
+    assert sorted(rows) == ["fsdp2", "fsdp_lab", "fsdp_lab_fully_shard", "plain"]
     cfg = result["config"]
     for mode, row in rows.items():
         assert row["median_step_s"] > 0 and row["steps_timed"] == cfg["rounds"] * cfg["steps_per_round"], mode
@@ -63,6 +63,11 @@ def test_values_are_positive_and_consistent(cpu_bench):
         rows["fsdp_lab"]["median_step_s"] / rows["fsdp2"]["median_step_s"])
     # Same casts as FSDP2 on the same batches: the losses agree; sharded state is half of plain's on 2 ranks.
     assert abs(rows["fsdp_lab"]["final_loss"] - rows["fsdp2"]["final_loss"]) < 1e-3
+    # fsdp_lab's fully_shard is torch's script with another import: the same arithmetic, the same sharded state.
+    assert abs(rows["fsdp_lab_fully_shard"]["final_loss"] - rows["fsdp2"]["final_loss"]) < 1e-3
+    assert rows["fsdp_lab_fully_shard"]["state_bytes"] == rows["fsdp2"]["state_bytes"]
+    assert result["fully_shard_step_time_ratio_vs_fsdp2"] == pytest.approx(
+        rows["fsdp_lab_fully_shard"]["median_step_s"] / rows["fsdp2"]["median_step_s"])
     assert rows["fsdp_lab"]["state_bytes"]["params"] * 2 == rows["plain"]["state_bytes"]["params"]
 
 
@@ -96,13 +101,15 @@ def test_a_failed_setup_is_reported_and_its_ratios_are_none():
     cfg = BenchConfig(rounds=1, steps_per_round=2)
     ok = {"peak_memory_bytes": 100, "state_bytes": {"total": 100}, "step_times_s": [0.02, 0.04],
           "final_loss": 5.0}
-    result = summarize(cfg, [{"fsdp_lab": ok, "fsdp2": {"error": "RuntimeError: boom"}, "plain": dict(ok)}], 1.0,
-                       {"torch": "x"})
+    rank = {"fsdp_lab": ok, "fsdp_lab_fully_shard": dict(ok), "fsdp2": {"error": "RuntimeError: boom"},
+            "plain": dict(ok)}
+    result = summarize(cfg, [rank], 1.0, {"torch": "x"})
     assert result["results"]["fsdp2"] == {"error": "RuntimeError: boom"}
     assert result["step_time_ratio_vs_fsdp2"] is None and result["peak_memory_ratio_vs_fsdp2"] is None
+    assert result["fully_shard_step_time_ratio_vs_fsdp2"] is None
     assert result["step_time_ratio_vs_plain"] == pytest.approx(1.0)
     assert result["results"]["fsdp_lab"]["median_step_s"] == pytest.approx(0.03)
-    assert "fsdp2      FAILED: RuntimeError: boom" in format_table(result)
+    assert f"{'fsdp2':<22} FAILED: RuntimeError: boom" in format_table(result)
 
 
 def test_overlap_arithmetic_on_a_synthetic_trace():

@@ -4,7 +4,7 @@ transformers is not a dependency of the course; where it is installed this test 
 from __future__ import annotations
 
 import pytest
-from ranks_hf import train
+from ranks_hf import train, train_fully_shard
 
 from fsdp_lab.training.launch import run_on_ranks
 
@@ -27,3 +27,13 @@ def test_llama_matches_one_process(strategy, gradient_checkpointing, references)
     diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
     print(f"{strategy} gradient_checkpointing={gradient_checkpointing}: max |parameter difference| = {diff:.3g}")
     assert diff <= TOL
+
+
+def test_llama_with_tied_embeddings_under_fully_shard_matches_torch_and_one_process():
+    """FSDP2's recipe (fully_shard per decoder layer, then the model) with only the import swapped."""
+    ref = train_fully_shard(0, 1, "plain")
+    ours = run_on_ranks(train_fully_shard, 2, "fsdp_lab", timeout_s=300)[0]
+    theirs = run_on_ranks(train_fully_shard, 2, "torch", timeout_s=300)[0]
+    assert list(ours) == list(ref) == list(theirs)
+    assert max((ours[k] - ref[k]).abs().max().item() for k in ref) <= TOL
+    assert max((ours[k] - theirs[k]).abs().max().item() for k in ref) <= 1e-6

@@ -25,7 +25,8 @@ MEMORY_METRIC = {
 
 def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
     """The JSON the command prints last (cfg: a fsdp_lab.bench.run.BenchConfig; per_rank: what bench_rank returned
-    on each rank). Ratios are fsdp_lab's figure divided by the other setup's; None where a setup is missing."""
+    on each rank). Ratios are fsdp_lab's figure (fully_shard_*: fsdp_lab_fully_shard's) divided by the other
+    setup's; None where a setup is missing."""
     model_cfg, T = PRESETS[cfg.preset], cfg.resolved_seq_len
     with torch.device("meta"):
         n_params = count_params(GPT(model_cfg))
@@ -47,10 +48,10 @@ def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
                        final_loss=ranks[0].get("final_loss"))
         results[mode] = row
 
-    def ratio(key, other):
-        if key not in results.get("fsdp_lab", {}) or key not in results.get(other, {}):
+    def ratio(key, other, ours="fsdp_lab"):
+        if key not in results.get(ours, {}) or key not in results.get(other, {}):
             return None
-        return results["fsdp_lab"][key] / results[other][key]
+        return results[ours][key] / results[other][key]
 
     config = {**dataclasses.asdict(cfg), "modes": list(cfg.modes), "backend": cfg.resolved_backend,
               "optimizer": cfg.resolved_optimizer, "seq_len": T, "world_size": cfg.nproc, "params": n_params,
@@ -61,7 +62,11 @@ def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
            "step_time_ratio_vs_fsdp2": ratio("median_step_s", "fsdp2"),
            "step_time_ratio_vs_plain": ratio("median_step_s", "plain"),
            "peak_memory_ratio_vs_fsdp2": ratio("peak_memory_bytes", "fsdp2"),
-           "peak_memory_ratio_vs_plain": ratio("peak_memory_bytes", "plain"), "wall_s": wall_s}
+           "peak_memory_ratio_vs_plain": ratio("peak_memory_bytes", "plain"),
+           "fully_shard_step_time_ratio_vs_fsdp2": ratio("median_step_s", "fsdp2", "fsdp_lab_fully_shard"),
+           "fully_shard_step_time_ratio_vs_plain": ratio("median_step_s", "plain", "fsdp_lab_fully_shard"),
+           "fully_shard_peak_memory_ratio_vs_fsdp2": ratio("peak_memory_bytes", "fsdp2", "fsdp_lab_fully_shard"),
+           "wall_s": wall_s}
     trace = per_rank[0].get("trace")
     if trace is not None:
         out["trace"] = trace
@@ -85,17 +90,18 @@ def format_table(result: dict) -> str:
     lines = [f"fsdp-lab bench: preset {cfg['preset']} ({cfg['params'] / 1e6:.1f}M params), {cfg['device']} "
              f"{cfg.get('gpu', '')}, {cfg['world_size']} rank(s) on {cfg['backend']}, batch {cfg['batch']}x"
              f"{cfg['seq_len']} per rank, AdamW {cfg['optimizer']}, torch {cfg['torch']}",
-             f"{'setup':<10}{'median step':>13}{'tokens/s':>12}{'TFLOP/s':>10}{'peak memory':>14}{'loss':>9}"]
+             f"{'setup':<22}{'median step':>13}{'tokens/s':>12}{'TFLOP/s':>10}{'peak memory':>14}{'loss':>9}"]
     for mode, row in result["results"].items():
         if "error" in row:
-            lines.append(f"{mode:<10} FAILED: {row['error']}")
+            lines.append(f"{mode:<22} FAILED: {row['error']}")
         elif "median_step_s" in row:
-            lines.append(f"{mode:<10}{row['median_step_s'] * 1e3:>10.1f} ms{row['tokens_per_s']:>12.0f}"
+            lines.append(f"{mode:<22}{row['median_step_s'] * 1e3:>10.1f} ms{row['tokens_per_s']:>12.0f}"
                          f"{row['tflops_per_s']:>10.2f}{_size(row['peak_memory_bytes']):>14}"
                          f"{row['final_loss']:>9.3f}")
         else:
-            lines.append(f"{mode:<10}{'-':>13}{'-':>12}{'-':>10}{_size(row['peak_memory_bytes']):>14}{'-':>9}")
-    for key in ("step_time_ratio_vs_fsdp2", "step_time_ratio_vs_plain", "peak_memory_ratio_vs_fsdp2"):
+            lines.append(f"{mode:<22}{'-':>13}{'-':>12}{'-':>10}{_size(row['peak_memory_bytes']):>14}{'-':>9}")
+    for key in ("step_time_ratio_vs_fsdp2", "step_time_ratio_vs_plain", "peak_memory_ratio_vs_fsdp2",
+                "fully_shard_step_time_ratio_vs_fsdp2", "fully_shard_step_time_ratio_vs_plain"):
         if result.get(key) is not None:
             lines.append(f"{key}: {result[key]:.3f}")
     lines.append(f"memory: {result['memory_metric']}")

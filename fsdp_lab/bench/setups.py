@@ -1,11 +1,13 @@
-"""The three ways `fsdp-lab bench` trains the same GPT, each behind the same small interface.
+"""The four ways `fsdp-lab bench` trains the same GPT, each behind the same small interface.
 
-    fsdp_lab  fsdp_lab.FSDP, one unit per Block plus the root, bf16 compute, fp32 masters and reduction,
-              forward prefetch and BACKWARD_PRE
-    fsdp2     torch's fully_shard on each Block, then on the root, MixedPrecisionPolicy(bf16, fp32)
-    plain     the whole model on one device, fp32 weights, torch.autocast(bf16): no sharding, no communication
+    fsdp_lab              fsdp_lab.FSDP, one unit per Block plus the root, bf16 compute, fp32 masters and
+                          reduction, forward prefetch and BACKWARD_PRE
+    fsdp_lab_fully_shard  fsdp_lab.fully_shard, applied as fsdp2 is (the same script with fsdp_lab's import)
+    fsdp2                 torch's fully_shard on each Block, then on the root, MixedPrecisionPolicy(bf16, fp32)
+    plain                 the whole model on one device, fp32 weights, torch.autocast(bf16): no sharding, no
+                          communication
 
-All three start from the same weights (same seed, built on the target device), see the same batches and use the
+All four start from the same weights (same seed, built on the target device), see the same batches and use the
 same AdamW settings, so their losses can be compared as a sanity check.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 
 from fsdp_lab.training.models import Block, GPTConfig, build_gpt
 
-MODES = ("fsdp_lab", "fsdp2", "plain")
+MODES = ("fsdp_lab", "fsdp_lab_fully_shard", "fsdp2", "plain")
 OPTIMIZERS = ("fused", "foreach", "loop")
 
 
@@ -95,8 +97,11 @@ def build_runner(mode: str, cfg: GPTConfig, device: torch.device, optimizer: str
                      mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=torch.float32),
                      forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
         return Runner(mode, model, torch.optim.AdamW(model.parameters(), **opt_kwargs))
-    if mode == "fsdp2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    if mode in ("fsdp2", "fsdp_lab_fully_shard"):
+        if mode == "fsdp2":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        else:
+            from fsdp_lab.runtime import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=torch.float32)
         for block in model.blocks:

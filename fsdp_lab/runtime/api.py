@@ -13,7 +13,6 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.autograd import Variable
 
 from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.flat_param import FlatParam
@@ -27,6 +26,7 @@ from fsdp_lab.runtime.nesting import take_over_nested
 from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                           refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
+from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
                                          load_full_state_dict)
@@ -119,7 +119,7 @@ class FSDP(nn.Module):
                 flats.append(FlatParam(
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
-                    shard_storage=ctx.strategy.shards_params))
+                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype))
             for param, aliases in info.trainable + info.frozen:  # the flat shards replace them
                 mark_replaced(param, aliases[0][2])  # [Note: traps that train nothing] in misuse.py
                 for owner, attr, _q in aliases:
@@ -167,39 +167,21 @@ class FSDP(nn.Module):
         return output
 
     def _drop_abandoned_backward(self) -> None:
-        """[Note: per-iteration state is reset at the root's pre-forward] A backward that raised half-way (an
-        OOM caught by the loop) never reaches the end-of-backward callback: autograd drops queued callbacks on
-        error. Its units stay unsharded and its flags say "in backward". If no backward is running now, the next
-        forward frees those units, waits for the reductions already issued (their gradients are already on the
-        shards: reductions are synchronous on the reduce stream), drops gradients stashed by no_sync, and starts
-        clean. The gradients already stored on the shards stay, as partial
-        gradients stay in .grad in one process: the loop zeroes them (optimizer.zero_grad()) before retrying."""
-        ctx = self._ctx
-        if not ctx.in_backward:
-            return
-        if torch._C._current_graph_task_id() != -1:
-            raise RuntimeError("FSDP forward called while a backward is still running")
-        ctx.reduces.drain()
-        for unit in self._units:
-            unit.reset_abandoned_backward()
-        ctx.in_backward = ctx.final_callback_queued = False
+        drop_abandoned_backward(self._ctx, self._units)  # [Note: per-iteration state is reset ...] in root.py
 
     def _on_backward_start(self) -> None:
-        ctx = self._ctx
-        if not ctx.final_callback_queued:
-            ctx.final_callback_queued = True
-            ctx.in_backward = True
-            self._cast_grads(None)  # accumulate in the master's dtype, as torch does with keep_low_precision_grads
-            Variable._execution_engine.queue_callback(self._finish_backward)
+        if not self._ctx.final_callback_queued:  # accumulate in the master's dtype, as torch does with
+            self._cast_grads(None, self._units)   # keep_low_precision_grads
+        queue_finish_backward(self._ctx, self._finish_backward)
 
-    def _cast_grads(self, dtype: Optional[torch.dtype]) -> None:
+    def _cast_grads(self, dtype: Optional[torch.dtype], units) -> None:
         """MixedPrecision(keep_low_precision_grads=True): the sharded gradients the optimizer sees are in
         param_dtype (`dtype`); None casts them back to the fp32 master's dtype. A gradient may differ from its
         parameter's dtype only through `.data`, which is how torch FSDP1 keeps them too."""
         policy = self._ctx.mixed_precision
         if policy is None or policy.grad_dtype is None:
             return
-        for unit in self._units:
+        for unit in units:
             for flat in unit.trainable_flats:
                 grad = flat.shard.grad
                 target = dtype or flat.shard.dtype
@@ -207,25 +189,19 @@ class FSDP(nn.Module):
                     grad.data = grad.data.to(target)
 
     def _finish_backward(self) -> None:
-        ctx = self._ctx
+        policy = self._ctx.mixed_precision
+        grad_dtype = policy.grad_dtype if policy is not None else None
+
+        def after_unit(unit):
+            self._cast_grads(grad_dtype, [unit])
+            for flat in unit.trainable_flats:
+                if flat.orig_params is not None:
+                    flat.shard_grad_to_orig()
+
         try:
-            for unit in self._units:
-                unit.finish_backward()
-            self._cast_grads(ctx.mixed_precision.grad_dtype if ctx.mixed_precision is not None else None)
-            for unit in self._units:
-                for flat in unit.trainable_flats:
-                    if flat.orig_params is not None:
-                        flat.shard_grad_to_orig()
-            self._hide_freed_views()
-            stuck = [u for u in self._units if u.state is not UnitState.SHARDED]
-            if stuck:
-                raise RuntimeError(f"after backward these FSDP units are not SHARDED: {stuck}")
-            ctx.emit("backward_end", "<root>", "backward")
-            if ctx.tracer is not None:
-                ctx.tracer.on_backward_end()
+            finish_backward(self._ctx, self._units, after_unit)
         finally:
-            ctx.in_backward = False
-            ctx.final_callback_queued = False
+            self._hide_freed_views()
 
     def _reshard_all(self, phase: str) -> None:
         """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from fsdp_lab.runtime.layout import UnshardedViews
+
 
 @dataclass(frozen=True)
 class ParamSlot:
@@ -53,15 +55,17 @@ def padded_size(numel: int, world_size: int) -> int:
     return math.ceil(numel / world_size) * world_size if numel else world_size
 
 
-class FlatParam:
+class FlatParam(UnshardedViews):
     """The flat buffer of one unit's trainable (or one unit's frozen) parameters."""
 
     def __init__(self, unit_name: str, entries: list, world_size: int, rank: int, *, requires_grad: bool,
-                 compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool):
+                 compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool,
+                 reduce_dtype: torch.dtype | None = None):
         self.unit_name = unit_name
         self.requires_grad = requires_grad
         self.world_size, self.rank = world_size, rank
         self.compute_dtype = compute_dtype
+        self.reduce_dtype = reduce_dtype or compute_dtype
         originals = [param for param, _aliases in entries]
         device = originals[0].device
         self.master_dtype = originals[0].dtype
@@ -105,24 +109,28 @@ class FlatParam:
         full = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=flat.device)
         return full.requires_grad_(self.requires_grad)
 
-    # -- storage -------------------------------------------------------------------------------------------
-    @property
-    def full_bytes(self) -> int:
-        return self.padded_numel * self.full.element_size()
+    # -- the collectives' copy-in and copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py) -------------
+    def copy_in(self) -> torch.Tensor:
+        """The all-gather's input: the shard itself (the collective casts it); no copy."""
+        return self.shard.detach()
 
-    def is_full_allocated(self) -> bool:
-        return self.full.untyped_storage().size() > 0
+    def gather_output(self, full: torch.Tensor) -> torch.Tensor:
+        """The all-gather writes straight into `full`: rank r's chunk is elements [r*S, (r+1)*S) of the buffer."""
+        return full
 
-    def alloc_full(self) -> torch.Tensor:
-        """Give `full` its storage back and return a writable alias with its own version counter."""
-        storage = self.full.untyped_storage()
-        if storage.size() == 0:
-            storage.resize_(self.full_bytes)
-        return self.full.data
+    def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
+        """Nothing to do: the gathered buffer is the unsharded one."""
 
-    def free_full(self) -> None:
-        if not self.persistent_full:
-            self.full.untyped_storage().resize_(0)
+    def reduce_input(self, grad: torch.Tensor) -> torch.Tensor:
+        """The reduce-scatter's input: the flat gradient, whose chunks are already in rank order."""
+        return grad
+
+    def store_shard_grad(self, out: torch.Tensor) -> None:
+        """Put this rank's reduced chunk on the fp32 shard's .grad, adding to one already there."""
+        if self.shard.grad is not None:
+            self.shard.grad.add_(out)
+        else:
+            self.shard.grad = out if out.dtype == self.shard.dtype else out.to(self.shard.dtype)
 
     # -- original parameters as views ----------------------------------------------------------------------
     def views(self) -> list[torch.Tensor]:

@@ -80,3 +80,32 @@ def cast_inputs(dtype: torch.dtype, _module, args, kwargs):
     def cast(t):
         return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
     return tree_map(cast, args), tree_map(cast, kwargs)
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """fully_shard's policy (torch.distributed.fsdp.MixedPrecisionPolicy's fields): `param_dtype` is what the
+    all-gather carries and compute sees, `reduce_dtype` what the reduce-scatter carries (None: the compute dtype),
+    `output_dtype` what floating outputs of the module are cast to, `cast_forward_inputs` whether its floating
+    inputs are cast to `param_dtype`. The sharded parameters keep their own dtype: they are the masters."""
+
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    output_dtype: Optional[torch.dtype] = None
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self):
+        for field in ("param_dtype", "reduce_dtype", "output_dtype"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, torch.dtype) or not value.is_floating_point):
+                raise ValueError(f"MixedPrecisionPolicy.{field} must be a floating torch.dtype, got {value!r}")
+
+
+def coerce_mp_policy(policy) -> MixedPrecisionPolicy:
+    """Accept ours or torch's MixedPrecisionPolicy (same four fields); anything else is refused by name."""
+    if isinstance(policy, MixedPrecisionPolicy):
+        return policy
+    fields = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
+    if type(policy).__name__ != "MixedPrecisionPolicy" or not all(hasattr(policy, f) for f in fields):
+        raise ValueError(f"mp_policy must be a MixedPrecisionPolicy, got {policy!r}")
+    return MixedPrecisionPolicy(*(getattr(policy, f) for f in fields))

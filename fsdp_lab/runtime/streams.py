@@ -1,6 +1,7 @@
-"""The gather and reduce paths of one flat buffer, the side streams they run on, and what keeps memory safe.
+"""The gather and reduce paths of one shard layout, the side streams they run on, and what keeps memory safe.
 
-`gather_flat_param` and `reduce_flat_param` are one flat's all-gather and gradient reduction, per strategy, placed
+`gather_flat_param` and `reduce_flat_param` are one layout's all-gather and gradient reduction (a FlatParam or a
+ParamGroup: [Note: two layouts] in fsdp_lab/runtime/layout.py), per strategy, placed
 on the right stream; the unit (fsdp_lab/runtime/unit.py) decides *when* they run. The whole reduce path is here:
 copy-in and collective (fsdp_lab/runtime/collectives.py), copy-out (`store_grad`), and the queue of reduces the
 compute stream has not yet waited for (`ReduceQueue`). The gather path's counterpart is the `FreeQueue`: freed
@@ -282,8 +283,11 @@ def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
             comm = refresh_replica(ctx, flat)
             if full is not None:
                 full.copy_(flat.replica.data)
-        else:  # copy-in casts the fp32 shard to the compute dtype: a bf16 policy sends bf16
-            comm = all_gather_flat(full, flat.shard.detach(), ctx.pg, ctx.world_size, flat.unit_name)
+        else:  # the layout's copy-in (casting to the compute dtype: a bf16 policy sends bf16), the all-gather,
+            # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py)
+            output = flat.gather_output(full)
+            comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name)
+            flat.copy_out(output, full)
         return streams.record("gather"), comm
 
 
@@ -296,9 +300,10 @@ def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str) -> None:
     scatter = ctx.strategy is not ShardingStrategy.NO_SHARD
     with label(f"fsdp_lab::reduce {unit_name}"), torch.no_grad(), streams.side("reduce"):
         if scatter:
-            comm, out = reduce_scatter_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype, unit_name)
+            comm, out = reduce_scatter_mean(flat.reduce_input(grad), ctx.pg, ctx.world_size, flat.reduce_dtype,
+                                            unit_name)
         else:
-            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, ctx.reduce_dtype, unit_name)
+            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, flat.reduce_dtype, unit_name)
         store_grad(ctx, flat, grad, out)
         event = streams.record("reduce")
     ctx.grads_reduced = True  # the optimizer may step now ([Note: ZeRO-1 replicas])
@@ -307,13 +312,12 @@ def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str) -> None:
 
 
 def store_grad(ctx, flat, grad: torch.Tensor, out: torch.Tensor) -> None:
-    """Copy-out: put the reduced gradient on the fp32 shard (accumulating if one is already there)."""
-    if flat.shard.grad is not None:
-        flat.shard.grad.add_(out)
-    elif ctx.strategy is ShardingStrategy.ZERO1:  # keep the replicated gradient ([Note: ZeRO-1 replicas])
+    """Copy-out: put the reduced gradient on the fp32 shard (accumulating if one is already there); how it lands
+    on the shard is the layout's (`store_shard_grad`)."""
+    if ctx.strategy is ShardingStrategy.ZERO1 and flat.shard.grad is None:  # [Note: ZeRO-1 replicas]
         local = grad if grad.dtype == flat.shard.dtype else grad.to(flat.shard.dtype)
         chunk = flat.my_chunk(local)
         chunk.copy_(out)
         flat.replica_grad, flat.shard.grad = local, chunk
     else:
-        flat.shard.grad = out if out.dtype == flat.shard.dtype else out.to(flat.shard.dtype)
+        flat.store_shard_grad(out)

@@ -78,6 +78,12 @@ class Unit:
         self._backward_started = False
         self.summoned = False  # inside summon_full_params: forward uses the summoned parameters ([Note: recurse=False])
         self.hook_handles = []  # the module's forward hooks, removed if an outer FSDP takes this unit over
+        # Per-unit settings of the fully_shard front end (FSDPModule.set_*); FSDP1 leaves them to the strategy.
+        self.reshard_after_forward = None  # None: the strategy decides (FULL_SHARD frees all but the root)
+        self.reshard_after_backward = True
+        self.requires_gradient_sync = True
+        self.forward_prefetch_units = None  # None: the neighbour in the recorded order (if prefetch is on)
+        self.backward_prefetch_units = None
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
@@ -166,7 +172,7 @@ class Unit:
         self.ensure_unsharded("backward" if recompute else "forward")
         if not recompute:
             self.ctx.record_forward(self)
-            self._prefetch(self.ctx.neighbour(self, +1) if self.ctx.forward_prefetch else None, "forward")
+            self._prefetch_all(self.forward_prefetch_units, +1, self.ctx.forward_prefetch, "forward")
         for flat in self.flats:
             flat.install_views()
         self.ctx.emit("forward_start", self.name, "backward" if recompute else "forward")
@@ -204,7 +210,7 @@ class Unit:
             self._backward_pending = True
             self._reduced = self._inputs_grad_ready = self._backward_started = False
             self._reduced_flats.clear()
-        if not hooked or (self.ctx.strategy.frees_after_forward and not self.is_root):
+        if not hooked or self.frees_after_forward:
             self.free("forward")
         return output
 
@@ -233,9 +239,23 @@ class Unit:
                     if flat.views_dropped_when_freed:
                         flat.install_views()
             self.ctx.emit("backward_start", self.name, "backward")
-            if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE:
-                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+            self._prefetch_all(self.backward_prefetch_units, -1,
+                               self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE, "backward")
         return grad
+
+    @property
+    def frees_after_forward(self) -> bool:
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.ctx.strategy.frees_after_forward and not self.is_root
+
+    def _prefetch_all(self, explicit, step: int, implicit: bool, phase: str) -> None:
+        """Prefetch the units set by FSDPModule.set_modules_to_*_prefetch, else the recorded neighbour."""
+        if explicit is not None:
+            for unit in explicit:
+                self._prefetch(unit, phase)
+        elif implicit:
+            self._prefetch(self.ctx.neighbour(self, step), phase)
 
     def _prefetch(self, unit, phase):
         if unit is None or unit.state is not UnitState.SHARDED:
@@ -256,7 +276,7 @@ class Unit:
             self._reduced = True
             self._maybe_finish_backward()  # free first: BACKWARD_POST trades overlap for a lower peak
             if self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_POST:
-                self._prefetch(self.ctx.neighbour(self, -1), "backward")
+                self._prefetch_all(self.backward_prefetch_units, -1, True, "backward")
 
     def _on_inputs_grad_ready(self) -> None:
         self._inputs_grad_ready = True
@@ -267,13 +287,16 @@ class Unit:
         needs_inputs = bool(self.frozen_flats) and self._inputs_marker and not self._inputs_grad_ready
         if self._backward_pending and not needs_reduce and not needs_inputs:
             self._backward_pending = False
-            self.free("backward")
+            if self.reshard_after_backward:
+                self.free("backward")
 
-    def finish_backward(self) -> None:
-        """Root's end-of-backward duty: wait for every reduction, free whatever no hook could free (unused or
+    def finish_backward(self, wait_reduces: bool = True) -> None:
+        """Root's end-of-backward duty: wait for every reduction (unless more backwards follow before the
+        optimizer: FSDPModule.set_is_last_backward(False)), free whatever no hook could free (unused or
         frozen-only units)."""
-        self.ctx.reduces.drain()
-        if self.state is not UnitState.SHARDED:
+        if wait_reduces:
+            self.ctx.reduces.drain()
+        if self.state is not UnitState.SHARDED and self.reshard_after_backward:
             self.free("backward")
         self.ctx.frees.drain()
         self._backward_pending = False
@@ -294,7 +317,7 @@ class Unit:
         ctx = self.ctx
         if grad is None:
             return
-        if not ctx.sync_gradients:  # no_sync(): keep the local gradient, communicate nothing
+        if not (ctx.sync_gradients and self.requires_gradient_sync):  # no_sync(): keep it, communicate nothing
             if flat.full is flat.shard:
                 flat.shard.grad = grad
             else:

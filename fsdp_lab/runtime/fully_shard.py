@@ -1,0 +1,261 @@
+"""`fully_shard`: torch FSDP2's front end, over the same core as `FSDP` (unit, streams, collectives, trace).
+
+Same signature as torch.distributed.fsdp.fully_shard; options we do not support raise a ValueError naming the
+option. Applied bottom-up (each block, then the root) it makes one group per call: the parameters of the module
+that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/param_group.py), driven by a Unit.
+
+[Note: the root of a fully_shard model] fully_shard(block) cannot know whether the block will be the root: a
+later fully_shard(model) may wrap it. As in torch, the first forward (or FSDPModule method) decides: the module
+it runs on, and every fully_shard module below it, join that root's FSDPState (one process group, one step's
+flags, one end-of-backward callback); the root's reshard_after_forward=None becomes False (its parameters are
+needed first in backward), everyone else's True.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from fsdp_lab.runtime.fsdp_module import FSDPModule
+from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
+from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
+from fsdp_lab.runtime.param_group import ParamGroup
+from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
+from fsdp_lab.runtime.state import FSDPState
+from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.runtime.unit import Unit
+
+
+class FullyShardState:
+    """What fully_shard attaches to one module: its group's unit, its options, and the root it belongs to (set
+    by the first forward: [Note: the root of a fully_shard model])."""
+
+    def __init__(self, module: nn.Module, unit: Unit, mesh, device: torch.device, mp_policy: MixedPrecisionPolicy,
+                 auto_reshard: bool, originals):
+        self.module, self.unit, self.mesh, self.device = module, unit, mesh, device
+        self.mp_policy, self.auto_reshard, self.originals = mp_policy, auto_reshard, originals
+        self.root: Optional[FullyShardState] = None
+        self.ctx: Optional[FSDPState] = None  # the root's: one per model
+        self.states: list[FullyShardState] = []  # root only: every fully_shard module of the model, root first
+        self.is_last_backward = True  # root only
+
+    @property
+    def units(self) -> list[Unit]:
+        """The model's units, innermost first, the root last (root only)."""
+        return [s.unit for s in reversed(self.states)]
+
+    # -- becoming the root -----------------------------------------------------------------------------------
+    def lazy_init(self) -> None:
+        if self.root is not None:
+            return
+        if any(s.root is not None and s.root.ctx.in_backward for s in _states_below(self.module)):
+            raise RuntimeError("a fully_shard module cannot become a root while its backward is running")
+        states = [self] + [s for s in _states_below(self.module) if s is not self]
+        ranks = tuple(dist.get_process_group_ranks(self.mesh.get_group()))
+        for s in states:
+            theirs = tuple(dist.get_process_group_ranks(s.mesh.get_group()))
+            if theirs != ranks:
+                raise ValueError(f"fully_shard modules of one model must share one mesh: the root's covers ranks "
+                                 f"{ranks}, '{type(s.module).__name__}''s covers {theirs}")
+        ctx = FSDPState(pg=self.mesh.get_group(), world_size=self.mesh.size(), rank=self.mesh.get_local_rank(),
+                        strategy=ShardingStrategy.FULL_SHARD, mixed_precision=None, compute_dtype=torch.float32,
+                        reduce_dtype=torch.float32, device=self.device, forward_prefetch=False,
+                        backward_prefetch=BackwardPrefetch.BACKWARD_PRE, max_gathers_in_flight=2,
+                        on_backward_start=self._on_backward_start)
+        names = {id(m): n for n, m in self.module.named_modules()}
+        for s in states:
+            s.root, s.ctx = self, ctx
+            s.unit.ctx, s.unit.is_root = ctx, s is self
+            s.unit.name = names.get(id(s.module)) or "<root>"
+            for layout in s.unit.flats:
+                layout.unit_name = s.unit.name
+            if s.auto_reshard:
+                s.unit.reshard_after_forward = s is not self
+        self.states = states
+
+    # -- hooks -------------------------------------------------------------------------------------------------
+    def pre_forward(self, module, args, kwargs):
+        self.lazy_init()
+        if self.root is self:
+            drop_abandoned_backward(self.ctx, self.units)
+        policy = self.mp_policy
+        if policy.param_dtype is not None and policy.cast_forward_inputs:
+            args, kwargs = _cast_floats((args, kwargs), policy.param_dtype)
+        marked = self.unit.pre_forward(module, args, kwargs)
+        return marked if marked is not None else (args, kwargs)
+
+    def post_forward(self, module, args, output):
+        output = self.unit.post_forward(module, args, output)
+        if self.root is self and self.ctx.forward_order:
+            self.ctx.order_frozen = True
+        if self.mp_policy.output_dtype is not None:
+            output = _cast_floats(output, self.mp_policy.output_dtype)
+        return output
+
+    def _on_backward_start(self) -> None:
+        queue_finish_backward(self.ctx, self._finish_backward)
+
+    def _finish_backward(self) -> None:
+        finish_backward(self.ctx, self.units, wait_reduces=self.is_last_backward)
+
+
+def _states_below(module: nn.Module) -> list[FullyShardState]:
+    return [m._fsdp_lab_state for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+def _cast_floats(tree, dtype: torch.dtype):
+    def cast(t):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
+            return t.to(dtype)
+        return t
+
+    return tree_map(cast, tree)
+
+
+# -- fully_shard -----------------------------------------------------------------------------------------------
+def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
+                mp_policy=MixedPrecisionPolicy(), offload_policy=OffloadPolicy(), ignored_params=None,
+                dp_mesh_dims=None):
+    """Shard `module`'s parameters (those no earlier fully_shard call took) per parameter on dim 0 across `mesh`
+    and make its class an FSDPModule; returns `module`. Call it on each block, then on the root."""
+    if isinstance(module, (list, tuple)):
+        raise ValueError(f"fully_shard of a list of {len(module)} modules (one group over several modules) is not "
+                         f"supported by fsdp_lab; call it on their common parent")
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"fully_shard expects an nn.Module, got {type(module).__name__}")
+    if isinstance(module, FSDPModule):
+        raise ValueError(f"fully_shard was already applied to this {type(module).__name__}")
+    for option, value in (("shard_placement_fn", shard_placement_fn), ("dp_mesh_dims", dp_mesh_dims)):
+        if value is not None:
+            raise ValueError(f"fully_shard option {option}={value!r} is not supported by fsdp_lab")
+    check_offload_policy(offload_policy)
+    mp_policy = coerce_mp_policy(mp_policy)
+    mesh = _check_mesh(mesh)
+    device = _mesh_device(mesh)
+    after_forward = _check_reshard_after_forward(reshard_after_forward, mesh.size())
+    ignored = {id(p) for p in (ignored_params or ())}
+    trainable, frozen, originals = _collect_params(module, ignored)
+    for sub in _managed_modules(module):
+        for name, buf in sub._buffers.items():
+            if buf is not None and buf.device.type != "meta" and buf.device != device:
+                sub._buffers[name] = buf.to(device)
+    layouts = []
+    for entries, requires_grad in ((trainable, True), (frozen, False)):
+        if not entries:
+            continue
+        compute = mp_policy.param_dtype or _master_dtype(entries, type(module).__name__)
+        layouts.append(ParamGroup(type(module).__name__, entries, mesh, requires_grad=requires_grad,
+                                  compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
+                                  device=device))
+    unit = Unit(type(module).__name__, module, layouts, ctx=None, is_root=False)
+    unit.reshard_after_forward = True if after_forward is None else after_forward
+    state = FullyShardState(module, unit, mesh, device, mp_policy, after_forward is None, originals)
+    module.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
+    unit.hook_handles = [module.register_forward_pre_hook(state.pre_forward, with_kwargs=True),
+                         module.register_forward_hook(state.post_forward)]
+    module.__class__ = _fsdp_class(type(module))
+    return module
+
+
+@functools.cache
+def _fsdp_class(cls: type) -> type:
+    """FSDP<Cls>: FSDPModule first in the method resolution order, then the original class, as torch makes it."""
+    return type(f"FSDP{cls.__name__}", (FSDPModule, cls), {})
+
+
+def _check_mesh(mesh):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("fully_shard needs an initialised process group: call "
+                           "torch.distributed.init_process_group(...) first (fsdp_lab.training.launch.run_on_ranks "
+                           "does it for you), or run the script under torchrun.")
+    if mesh is None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        device_type = "cuda" if torch.cuda.is_available() and dist.get_backend() != "gloo" else "cpu"
+        mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    if mesh.ndim != 1:
+        raise ValueError(f"fully_shard mesh with {mesh.ndim} dimensions (HSDP) is not supported by fsdp_lab; pass "
+                         f"a 1-D mesh")
+    return mesh
+
+
+def _mesh_device(mesh) -> torch.device:
+    if mesh.device_type == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, mesh.device_type)
+    return torch.device(mesh.device_type, module.current_device())
+
+
+def _check_reshard_after_forward(value, world_size: int) -> Optional[bool]:
+    """None, a bool, or (as torch) an int: 1 means False, the mesh size means True; a size in between (reshard
+    to a smaller group after forward) is not supported."""
+    if value is None or isinstance(value, bool):
+        return value
+    if not isinstance(value, int):
+        raise ValueError(f"reshard_after_forward should be a bool or an int, not {value!r}")
+    if value < 1 or value > world_size or world_size % value:
+        raise ValueError(f"reshard_after_forward={value} should be a factor of the mesh size {world_size}")
+    if value in (1, world_size):
+        return value == world_size
+    raise ValueError(f"fully_shard option reshard_after_forward={value} (reshard to {value} of {world_size} ranks "
+                     f"after forward) is not supported by fsdp_lab; pass True, False, 1 or {world_size}")
+
+
+def _managed_modules(module: nn.Module) -> list[nn.Module]:
+    """`module` and its submodules, not descending into modules an earlier fully_shard took."""
+    found, stack, seen = [], [module], set()
+    while stack:
+        m = stack.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        found.append(m)
+        stack.extend(c for c in reversed(list(m._modules.values())) if c is not None and not isinstance(c, FSDPModule))
+    return found
+
+
+def _collect_params(module: nn.Module, ignored: set[int]):
+    """(trainable, frozen, originals): [(param, [(owner, attr, qualified name), ...])] for this group's parameters,
+    and a weak map id → original parameter that later fully_shard calls check ties against."""
+    claimed = weakref.WeakValueDictionary()
+    for state in _states_below(module):
+        claimed.update(state.originals)
+    seen: dict[int, tuple] = {}
+
+    def visit(mod: nn.Module, prefix: str):
+        for attr, param in mod._parameters.items():
+            if param is None or id(param) in ignored:
+                continue
+            name = prefix + attr
+            if claimed.get(id(param)) is param:
+                raise ValueError(f"parameter '{name}' is tied to a parameter of a module fully_shard was already "
+                                 f"applied to: a weight shared by two fully_shard groups cannot be sharded. Apply "
+                                 f"fully_shard to their common parent only, or untie it.")
+            aliases = seen.setdefault(id(param), (param, []))[1]
+            if all(a[0] is not mod or a[1] != attr for a in aliases):
+                aliases.append((mod, attr, name))
+        for child_name, child in mod._modules.items():
+            if child is not None and not isinstance(child, FSDPModule):
+                visit(child, f"{prefix}{child_name}.")
+
+    visit(module, "")
+    trainable = [entry for entry in seen.values() if entry[0].requires_grad]
+    frozen = [entry for entry in seen.values() if not entry[0].requires_grad]
+    originals = weakref.WeakValueDictionary({id(p): p for p, _a in seen.values()})
+    return trainable, frozen, originals
+
+
+def _master_dtype(entries, unit_name: str) -> torch.dtype:
+    dtypes = {p.dtype for p, _a in entries}
+    if len(dtypes) > 1:
+        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtypes {sorted(map(str, dtypes))}; one "
+                         f"all-gather needs one dtype: pass mp_policy=MixedPrecisionPolicy(param_dtype=...)")
+    dtype = dtypes.pop()
+    if not dtype.is_floating_point:
+        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtype {dtype}, which is not floating")
+    return dtype

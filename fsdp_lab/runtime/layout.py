@@ -1,0 +1,106 @@
+"""The seam between the one core (unit state machine, streams, collectives, trace) and the two shard layouts.
+
+[Note: two layouts] A unit hands each of its layouts to the same gather and reduce paths
+(fsdp_lab/runtime/streams.py); only how the shards are laid out differs:
+
+    FlatParam (FSDP1, fsdp_lab/runtime/flat_param.py)
+        every parameter of the unit end to end in one padded 1-D buffer; rank r keeps the r-th 1/N of it, cut
+        wherever it falls (a weight can be split between two ranks mid-row). Copy-in and copy-out are free: the
+        all-gather writes the unsharded buffer directly and the reduce-scatter reads the flat gradient.
+    ParamGroup (FSDP2, fsdp_lab/runtime/param_group.py)
+        every parameter sharded on dim 0 on its own (rows [r*c, (r+1)*c) with c = ceil(dim0/N)), each an
+        nn.Parameter wrapping a DTensor with placement Shard(0). One all-gather per group still: copy-in packs
+        this rank's shards into one send buffer, copy-out turns the rank-major gathered buffer into one
+        contiguous unsharded tensor per parameter; the reduce-scatter's copy-in does the reverse for gradients.
+
+Both keep the unsharded parameters as views of one autograd leaf `full` (see each class for why), so the unit's
+rule for "this unit's gradients are complete" (a post-accumulate-grad hook on `full`) holds for both.
+"""
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+
+class ShardLayout(Protocol):
+    """What a Unit and the gather/reduce paths use of a layout; FlatParam and ParamGroup both provide it."""
+
+    unit_name: str
+    requires_grad: bool
+    compute_dtype: torch.dtype  # what the all-gather carries and compute sees
+    reduce_dtype: torch.dtype  # what the reduce-scatter carries
+    full: torch.Tensor  # the unsharded buffer (an autograd leaf when trainable); 0 bytes while freed
+    shard: Optional[torch.Tensor]  # FlatParam: the fp32 master; ParamGroup: None (the masters are per parameter)
+    persistent_full: bool  # the unsharded buffer is never freed (replicated strategies)
+    orig_params: Optional[list]  # FSDP1 use_orig_params only
+    grad_stash: Optional[torch.Tensor]  # set by the Unit: no_sync's local gradient
+    replica_grad: Optional[torch.Tensor]
+
+    # storage of the unsharded buffer
+    def alloc_full(self) -> torch.Tensor: ...
+    def free_full(self) -> None: ...
+    def is_full_allocated(self) -> bool: ...
+
+    # the module's attributes
+    @property
+    def views_dropped_when_freed(self) -> bool: ...
+    def install_views(self) -> None: ...
+    def uninstall_views(self) -> None: ...
+
+    # gather: copy-in → all_gather_flat(output, input) → copy-out
+    def copy_in(self) -> torch.Tensor: ...
+    def gather_output(self, full: torch.Tensor) -> torch.Tensor: ...
+    def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None: ...
+
+    # reduce: copy-in → reduce_scatter_mean → copy-out
+    def reduce_input(self, grad: torch.Tensor) -> torch.Tensor: ...
+    def store_shard_grad(self, out: torch.Tensor) -> None: ...
+
+
+class UnshardedViews:
+    """What both layouts do alike with their unsharded buffer `full` and the module attributes that view it.
+
+    A subclass sets `full`, `persistent_full` and `slots` (each slot has `aliases`: (module, attribute, name)) and
+    provides `views()`, one tensor per slot."""
+
+    full: torch.Tensor
+    persistent_full: bool
+    slots: list
+
+    @property
+    def full_bytes(self) -> int:
+        return self.full.numel() * self.full.element_size()
+
+    def is_full_allocated(self) -> bool:
+        return self.full.untyped_storage().size() > 0
+
+    def alloc_full(self) -> torch.Tensor:
+        """Give `full` its storage back and return a writable alias with its own version counter."""
+        storage = self.full.untyped_storage()
+        if storage.size() == 0:
+            storage.resize_(self.full_bytes)
+        return self.full.data
+
+    def free_full(self) -> None:
+        if not self.persistent_full:
+            self.full.untyped_storage().resize_(0)
+
+    def install_views(self) -> None:
+        """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
+        if self.is_full_allocated():
+            views = self.views()
+        else:
+            views = [self.full.detach().new_empty(0)] * len(self.slots)
+        for slot, view in zip(self.slots, views):
+            for module, attr, _name in slot.aliases:
+                # A plain instance attribute, which shadows the registered parameter (nn.Module.__getattr__ only
+                # runs when normal lookup fails); writing the instance dict skips nn.Module.__setattr__'s checks,
+                # which would run for every parameter every step.
+                module.__dict__[attr] = view
+
+    def uninstall_views(self) -> None:
+        """Drop the unsharded views from the modules, so the attribute is the registered parameter again."""
+        for slot in self.slots:
+            for module, attr, _name in slot.aliases:
+                module.__dict__.pop(attr, None)

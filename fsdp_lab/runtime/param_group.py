@@ -1,0 +1,180 @@
+"""FSDP2's layout: one fully_shard group's parameters, each sharded on dim 0 as a DTensor, gathered in one go.
+
+[Note: per-parameter shards] Each parameter of shape (d0, ...) is cut into N row blocks of c = ceil(d0/N) rows,
+as torch.chunk and DTensor's Shard(0) cut it: rank r holds rows [r*c, min((r+1)*c, d0)), which may be fewer
+than c or none at all. That block is the local tensor of a DTensor, wrapped in the nn.Parameter registered under
+the parameter's own name, so `model.parameters()`, optimizers, clip_grad_norm_, `state_dict()` and
+torch.distributed.checkpoint see ordinary DTensors. The padding rows (up to c per rank) exist only on the wire.
+
+[Note: copy-in, copy-out] The group's all-gather moves one buffer of S = sum(c_i * row_numel_i) elements per rank:
+    copy-in   this rank's blocks, cast to the compute dtype, packed end to end into the send buffer (one foreach
+              copy); the padding is left as is, since nobody reads it
+    gather    rank-major output (N, S): row r is rank r's send buffer
+    copy-out  one split-copy into `full`, laid out parameter-major: parameter i owns N*c_i rows, so its first d0
+              rows are its unsharded tensor, contiguous
+Gradients go back the other way: the gradient of `full` (parameter-major) is re-packed rank-major by one cat,
+reduce-scattered, and this rank's part of the result is cut into one DTensor gradient per parameter (views of the
+reduce-scatter output, no copy). At world size 1 both orders coincide: the gather writes `full` directly.
+
+[Note: one leaf per group] torch FSDP2 gives every unsharded parameter its own tensor. Here they are views of one
+autograd leaf `full`, as in the flat layout, so the unit's signal that the group's gradients are complete (one
+post-accumulate-grad hook on `full`) is the same for both layouts. The memory is the same: N*S elements.
+Frozen and trainable parameters of one fully_shard call form two groups (a leaf has one requires_grad), so such
+a module issues two all-gathers where torch issues one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+
+from fsdp_lab.runtime.layout import UnshardedViews
+
+
+@dataclass(frozen=True)
+class ShardedParam:
+    """One parameter of a group: its names, global shape, and where its rows live in the buffers."""
+
+    aliases: tuple  # ((module, attribute, qualified name), ...): a tied weight has several
+    shape: torch.Size
+    rows: int  # c: rows per rank, padded (ceil(d0/N))
+    local_rows: int  # rows this rank holds: c, fewer for the last ranks, or 0
+    row_numel: int  # elements per row: prod(shape[1:])
+    spec: object  # the DTensorSpec of the sharded parameter (its gradient gets the same one)
+
+    @property
+    def name(self) -> str:
+        return self.aliases[0][2]
+
+    @property
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    @property
+    def shard_numel(self) -> int:  # padded: this parameter's part of the send buffer
+        return self.rows * self.row_numel
+
+    def registered(self) -> nn.Parameter:
+        """The sharded parameter as the module holds it now (to_empty or load_state_dict(assign=True) may have
+        swapped it since fully_shard)."""
+        module, attr, _name = self.aliases[0]
+        return module._parameters[attr]
+
+
+def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, device: torch.device) -> nn.Parameter:
+    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is)."""
+    rows = math.ceil(param.shape[0] / world_size)
+    start = min(rank * rows, param.shape[0])
+    local = param.detach()[start:start + rows]
+    if local.device.type != "meta":
+        local = local.to(device).clone()  # its own storage: the unsharded original can be freed
+    dtensor = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=param.shape,
+                                 stride=param.stride())
+    return nn.Parameter(dtensor, requires_grad=param.requires_grad)
+
+
+class ParamGroup(UnshardedViews):
+    """The DTensor shards of one fully_shard group (of one requires_grad kind) and its unsharded buffer."""
+
+    def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
+                 reduce_dtype: torch.dtype, device: torch.device):
+        self.unit_name, self.requires_grad = unit_name, requires_grad
+        self.world_size, self.rank = mesh.size(), mesh.get_local_rank()
+        self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
+        self.shard, self.orig_params, self.persistent_full = None, None, False
+        self.grad_stash = self.replica_grad = None
+        n, slots = self.world_size, []
+        for param, aliases in entries:
+            if param.dim() == 0:
+                raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
+                                 f"on dim 0, so give it shape (1,)")
+            sharded = shard_parameter(param, mesh, self.rank, n, device)
+            for module, attr, _q in aliases:
+                module._parameters[attr] = sharded
+            rows = math.ceil(param.shape[0] / n)
+            local_rows = sharded.to_local().shape[0]
+            slots.append(ShardedParam(tuple(aliases), param.shape, rows, local_rows,
+                                      param.shape[1:].numel(), sharded._spec))
+        self.slots: list[ShardedParam] = slots
+        self.master_dtype = entries[0][0].dtype
+        self.shard_numel = sum(s.shard_numel for s in slots)  # S
+        self._padded_sizes = [n * s.shard_numel for s in slots]
+        self._held = [s for s in slots if s.local_rows]  # the parameters with rows on this rank
+        # The send buffer cut into (held rows, padding) per parameter; picks: the pieces that take a parameter.
+        self._send_sizes, self._send_picks = [], []
+        for s in slots:
+            held = s.local_rows * s.row_numel
+            if held:
+                self._send_picks.append(len(self._send_sizes))
+                self._send_sizes.append(held)
+            if s.shard_numel > held:
+                self._send_sizes.append(s.shard_numel - held)
+        # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
+        self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
+        self.full.requires_grad_(requires_grad)
+        self.free_full()
+
+    # -- gather ---------------------------------------------------------------------------------------------
+    def copy_in(self) -> torch.Tensor:
+        """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
+        send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
+        # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
+        # per gather, and no gradient flows through a copy-in.
+        src = [slot.registered()._local_tensor.reshape(-1) for slot in self._held]
+        parts = torch.split(send, self._send_sizes)
+        torch._foreach_copy_([parts[i] for i in self._send_picks], src)
+        return send
+
+    def gather_output(self, full: torch.Tensor) -> torch.Tensor:
+        """Where the all-gather writes: a rank-major staging buffer, or `full` itself at world size 1."""
+        return full if self.world_size == 1 else torch.empty_like(full)
+
+    def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
+        """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
+        if output is full:
+            return
+        n = self.world_size
+        targets = [part.view(n, -1) for part in torch.split(full, self._padded_sizes)]
+        torch.split_with_sizes_copy(output.view(n, -1), [s.shard_numel for s in self.slots], dim=1, out=targets)
+
+    def views(self) -> list[torch.Tensor]:
+        """Each parameter's unsharded tensor: the first d0 rows of its part of `full` (tracked by autograd)."""
+        sizes, picks = [], []
+        for slot, padded in zip(self.slots, self._padded_sizes):
+            picks.append(len(sizes))
+            sizes.append(slot.numel)
+            if padded > slot.numel:
+                sizes.append(padded - slot.numel)
+        parts = torch.split(self.full, sizes)
+        return [parts[i].view(s.shape) for i, s in zip(picks, self.slots)]
+
+    @property
+    def views_dropped_when_freed(self) -> bool:
+        """Always: once freed, the module's attributes are the registered DTensor parameters again."""
+        return True
+
+    # -- reduce ---------------------------------------------------------------------------------------------
+    def reduce_input(self, grad: torch.Tensor) -> torch.Tensor:
+        """Parameter-major gradient → rank-major (N, S), flattened: rank r's chunk is its blocks' gradients."""
+        if self.world_size == 1:
+            return grad
+        n = self.world_size
+        return torch.cat([part.view(n, -1) for part in torch.split(grad, self._padded_sizes)], dim=1).view(-1)
+
+    def store_shard_grad(self, out: torch.Tensor) -> None:
+        """Cut this rank's reduced S elements into one DTensor gradient per parameter (views, added to a
+        gradient already there)."""
+        if out.dtype != self.master_dtype:
+            out = out.to(self.master_dtype)
+        for slot, piece in zip(self.slots, torch.split(out, [s.shard_numel for s in self.slots])):
+            local = piece[:slot.local_rows * slot.row_numel].view(slot.local_rows, *slot.shape[1:])
+            param = slot.registered()
+            if param.grad is None:
+                # DTensor's own constructor with the parameter's spec: from_local would redo the checks and
+                # build an autograd node for every parameter of every step.
+                param.grad = DTensor(local, slot.spec, requires_grad=False)
+            else:
+                param.grad._local_tensor.add_(local)
