@@ -7,6 +7,7 @@ NotImplementedError naming itself; an option with a non-default value raises Val
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 
@@ -29,6 +30,8 @@ TorchFSDP = torch_fsdp.FullyShardedDataParallel
 def _default(value):
     if isinstance(value, enum.Enum):
         return ("enum", value.name)  # our enum and torch's twin compare by member name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # our policy object and torch's twin
+        return (type(value).__name__, dataclasses.astuple(value))
     return value
 
 

@@ -14,8 +14,14 @@ from torch import nn
 
 
 class UnshardHandle:
-    """Returned by unshard(async_op=True): wait() makes the unsharded parameters usable (and the module's)."""
+    """What unshard(async_op=True) returns, as torch's: wait() makes the unsharded parameters usable. The public
+    class takes no arguments, as torch's does; _UnitUnshardHandle is the one unshard() builds."""
 
+    def wait(self) -> None:
+        return
+
+
+class _UnitUnshardHandle(UnshardHandle):
     def __init__(self, state):
         self._state = state
 
@@ -53,7 +59,7 @@ class FSDPModule:
         whose wait() must be called before they are used."""
         state = self._fsdp_state()
         state.unit.gather("forward", wait=False)
-        handle = UnshardHandle(state)
+        handle = _UnitUnshardHandle(state)
         if async_op:
             return handle
         handle.wait()
