@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import enum
+import functools
 import importlib.util
 import json
 import os
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -182,17 +184,6 @@ def check_auth(proc: subprocess.Popen, ip: str, runtime_dir: Path, deadline_s: f
     return AuthCheck(Auth.UNCHECKABLE, f"no answer within {deadline_s:g} s")
 
 
-def _die_with_parent() -> None:
-    """In the child before exec (Linux): SIGTERM when the launcher dies, even by SIGKILL."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM (Jupyter shuts its kernels down), then SIGKILL after `grace_s`."""
     if proc.poll() is not None:
@@ -253,7 +244,10 @@ def run(args: argparse.Namespace) -> int:
 
     sys.stdout.flush(), sys.stderr.flush()
     env = child_env()
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    from fsdp_lab.training.launch import die_with_parent  # SIGTERM lets Jupyter shut its kernels down
+
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
+                            if sys.platform == "linux" else None)
     try:
         check = check_auth(proc, args.ip, Path(jupyter_runtime_dir()))
         if check.auth is Auth.EXITED:

@@ -36,15 +36,15 @@ class RankFailed(RuntimeError):
     pass
 
 
-def die_with_parent(launcher_pid: int | None = None) -> bool:
-    """Have the kernel SIGKILL this process when its parent dies ([Note: ranks die with their launcher]); if the
-    parent is no longer `launcher_pid` (default: $FSDP_LAB_LAUNCHER_PID), it died already: exit now. Call it
-    before anything slow. Returns False where prctl is unavailable (not Linux)."""
+def die_with_parent(launcher_pid: int | None = None, sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies ([Note: ranks die with their launcher]);
+    if the parent is no longer `launcher_pid` (default: $FSDP_LAB_LAUNCHER_PID), it died already: exit now. Call
+    it before anything slow. Returns False where prctl is unavailable (not Linux)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        armed = libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
     if launcher_pid is None and os.environ.get(LAUNCHER_PID_ENV, "").isdigit():
