@@ -23,4 +23,4 @@ exec fsdp-lab train \
   --device cuda --preset 369m --mixed-precision bf16 --prefetch \
   --global-batch 16 --steps 200 --lr 3e-4 --timeout 600 \
   --checkpoint-dir "$CKPT" --checkpoint-every 50 --resume \
-  --json-log "$CKPT/log.jsonl"
+  --json-log "$CKPT.log.jsonl"
