@@ -168,21 +168,27 @@ def shard_shaped_state(optimizer, flat, members, name: str):
     return out, True
 
 
-def _on_rank0(fn: Callable, model):
-    """Run fn on the flat's rank 0 and give every rank its result, or raise CheckpointError on every rank."""
-    ctx = model._ctx
+def on_rank0(fn: Callable, pg=None, device: Optional[torch.device] = None):
+    """Run fn on the group's rank 0 and give every rank its result; any error there is raised on every rank as a
+    CheckpointError, so no rank is left waiting in the broadcast."""
     box = [None]
-    if ctx.rank == 0:
+    if dist.get_rank(pg) == 0:
         try:
             box[0] = ("ok", fn())
         except Exception as err:  # reported on every rank, not just the one that failed
             box[0] = ("error", str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}")
-    device = ctx.device if ctx.device.type == "cuda" else None
-    dist.broadcast_object_list(box, src=dist.get_global_rank(ctx.pg, 0), group=ctx.pg, device=device)
+    src = dist.get_global_rank(pg, 0) if pg is not None else 0
+    dist.broadcast_object_list(box, src=src, group=pg, device=device)
     status, value = box[0]
     if status == "error":
         raise CheckpointError(value, every_rank=True)
     return value
+
+
+def _on_rank0(fn: Callable, model):
+    """on_rank0 over the model's process group (its CUDA device carries the broadcast where there is one)."""
+    ctx = model._ctx
+    return on_rank0(fn, ctx.pg, ctx.device if ctx.device.type == "cuda" else None)
 
 
 def _rank_exceptions(err: BaseException) -> dict[int, BaseException]:

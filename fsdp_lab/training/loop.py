@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from fsdp_lab import checkpoint
 from fsdp_lab.checkpoint.files import CheckpointError
+from fsdp_lab.checkpoint.sharded import on_rank0
 from fsdp_lab.checkpoint.ownership import RunLock, check_unlocked, output_problem, prunable, remove_checkpoint, \
     save_conflict
 from fsdp_lab.observe.trace import Tracer, rank_file
@@ -190,20 +191,6 @@ def build(cfg: TrainConfig, device: torch.device):
     return model, optimizer
 
 
-def _on_rank0(fn):
-    """fn() on global rank 0, its result on every rank; a CheckpointError there is raised on every rank."""
-    box = [None]
-    if dist.get_rank() == 0:
-        try:
-            box[0] = ("ok", fn())
-        except CheckpointError as err:
-            box[0] = ("error", str(err))
-    dist.broadcast_object_list(box, src=0)
-    if box[0][0] == "error":
-        raise CheckpointError(box[0][1], every_rank=True)
-    return box[0][1]
-
-
 def resume_from(cfg: TrainConfig, deep: bool = False):
     """The checkpoint --resume means (a trust.Found), or None when there is none yet (a first run with --resume
     and an empty or absent --checkpoint-dir). CheckpointError when what is there cannot be loaded."""
@@ -231,7 +218,7 @@ def _claim(cfg: TrainConfig, lock: RunLock | None) -> str:
         if lock is not None:
             lock.acquire()
         return uuid.uuid4().hex
-    return _on_rank0(claim)
+    return on_rank0(claim)
 
 
 def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
@@ -249,13 +236,13 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
             if reading is not None:
                 reading.acquire()
 
-        found = _on_rank0(newest)
+        found = on_rank0(newest)
         source = Path(found).parent if found else None
         reading = RunLock(source, reading=True) if source and dist.get_rank() == 0 \
             and not _same_dir(source, cfg.checkpoint_dir) else None
         if found:
             try:  # a run saving into the source directory must not prune the checkpoint while it is read
-                _on_rank0(lock_source)
+                on_rank0(lock_source)
                 meta = checkpoint.load(model, optimizer, path, allow_unverified=cfg.allow_unverified)
             finally:
                 if reading is not None:
@@ -264,7 +251,7 @@ def _resume(cfg: TrainConfig, model, optimizer, say) -> tuple[int, dict | None]:
             say(f"no checkpoint in {path} yet: starting at step 0")
     start = int(meta["step"]) if meta else 0
     if cfg.checkpoint_dir:
-        _on_rank0(lambda: _refuse(save_conflict(cfg.checkpoint_dir, start, cfg.save_steps(start))))
+        on_rank0(lambda: _refuse(save_conflict(cfg.checkpoint_dir, start, cfg.save_steps(start))))
     if meta:
         saved = (meta.get("extra") or {}).get("train_config") or {}
         changed = {k: (saved[k], v) for k, v in asdict(cfg).items() if k in ("lr", "global_batch", "seed")
