@@ -32,7 +32,11 @@ def test_a_rank_that_dies_mid_step_stops_the_job_and_is_named(tmp_path):
     assert code == 3, err
     assert "rank 1 (local rank 1, pid" in err and f"exited with code {FAULT_EXIT}" in err
     assert "it died without reporting an error; the other ranks were stopped" in err
-    assert "[rank 0] a collective failed in step 2" in err
+    # rank 0 is stopped as soon as torchrun sees rank 1's death; whether it first noticed the broken collective is a
+    # race, so its line is optional, but whatever it printed must be that one-line report, never a traceback
+    rank0_lines = [line for line in err.splitlines() if line.startswith("[rank 0]")]
+    assert all(line.startswith("[rank 0] a collective failed in step 2") for line in rank0_lines), err
+    assert "Traceback" not in err, err
     assert "torch/distributed/elastic" not in err  # torchrun's W/E lines do not pad the one-line error
     # torchrun notices the death at once: the 120 s collective timeout is never waited for
     assert secs < 60, f"the job took {secs:.0f} s to end"
