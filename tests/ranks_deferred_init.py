@@ -140,13 +140,37 @@ def unit_unsharded_bytes(model) -> int:
                if hasattr(m, "_fsdp_lab_state"))
 
 
+def fully_shard_gpt(lib: str, model: GPT, world_size: int, ignored_params=None, seed=None) -> GPT:
+    """fully_shard (fsdp_lab's or torch's) per block, then the root; a model on meta is then moved with to_empty
+    and re-initialised with reset_parameters under `seed`."""
+    import fsdp_lab
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    shard = fsdp_lab.fully_shard if lib == "fsdp_lab" else torch_fully_shard
+    mesh = init_device_mesh("cpu", (world_size,))
+    on_meta = any(p.is_meta for p in model.parameters())
+    for block in model.blocks:
+        shard(block, mesh=mesh)
+    shard(model, mesh=mesh, ignored_params=ignored_params)
+    if on_meta:
+        model.to_empty(device="cpu")
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for module in model.modules():
+                if callable(getattr(module, "reset_parameters", None)):
+                    module.reset_parameters()
+    return model
+
+
 # -- cases -----------------------------------------------------------------------------------------------------
 def meta_init(rank, world_size):
     """param_init_fn, then the default path (to_empty + reset_parameters), on both libraries with one seed."""
     out = {}
     for lib in ("torch", "fsdp_lab"):
         torch.manual_seed(1)
-        model = fsdp(lib, meta_gpt(), param_init_fn=init_fn)
+        cpu = {"device_id": torch.device("cpu")} if lib == "fsdp_lab" else {}  # torch's always has it
+        model = fsdp(lib, meta_gpt(), param_init_fn=init_fn, **cpu)
         out[f"{lib}_fn_state"] = full_state(model)
         out[f"{lib}_fn_losses"] = train(model, rank, world_size)
         torch.manual_seed(2)
@@ -174,29 +198,26 @@ def wrap_peaks(rank, world_size):
             if lib == "fsdp_lab":
                 out[f"{lib}_{path}"]["unit"] = unit_unsharded_bytes(wrapped)
             del model, wrapped
-    import fsdp_lab
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard as torch_fully_shard
-
-    mesh = init_device_mesh("cpu", (world_size,))
-    for lib, shard in (("fsdp_lab", fsdp_lab.fully_shard), ("torch", torch_fully_shard)):
+    for lib in ("fsdp_lab", "torch"):
         for path in ("meta", "real"):
             with StorageBytes() as counter:
-                model = meta_gpt() if path == "meta" else real_gpt(0)
-                for block in model.blocks:
-                    shard(block, mesh=mesh)
-                shard(model, mesh=mesh)
-                if path == "meta":
-                    model.to_empty(device="cpu")
-                    torch.manual_seed(0)
-                    with torch.no_grad():
-                        for module in model.modules():
-                            if callable(getattr(module, "reset_parameters", None)):
-                                module.reset_parameters()
+                model = fully_shard_gpt(lib, meta_gpt() if path == "meta" else real_gpt(0), world_size, seed=0)
                 out[f"fs_{lib}_{path}"] = {"peak": counter.peak, "final": counter.live()}
             if lib == "fsdp_lab":
                 out[f"fs_{lib}_{path}"]["unit"] = unit_unsharded_bytes(model)
             del model
+    return out
+
+
+def fully_shard_meta(rank, world_size):
+    """fully_shard on a meta model, then to_empty and reset_parameters (one seed): the weights torch's fully_shard
+    gives, and training that matches it and one process started from those weights."""
+    out = {}
+    for lib in ("torch", "fsdp_lab"):
+        model = fully_shard_gpt(lib, meta_gpt(), world_size, seed=3)
+        out[f"{lib}_state"] = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        out[f"{lib}_losses"] = train(model, rank, world_size)
+    out["plain_losses"] = one_process(out["fsdp_lab_state"])
     return out
 
 
@@ -237,19 +258,13 @@ def _ignored_run(lib, rank, world_size, how):
         kwargs["ignored_modules"] = [model.lm_head]
     elif how == "states":
         kwargs["ignored_states"] = [model.blocks[0].mlp.fc.weight]
+    report = None
     if lib in ("torch", "fsdp_lab"):
         model = fsdp(lib, model, **kwargs)
+        report = model.memory_report().params_unsharded if lib == "fsdp_lab" else None
     else:  # fully_shard, per block then the root
-        import fsdp_lab
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard as torch_fully_shard
-
-        shard = fsdp_lab.fully_shard if lib == "fs_fsdp_lab" else torch_fully_shard
-        mesh = init_device_mesh("cpu", (world_size,))
         ignored = {model.lm_head.weight} if how == "modules" else None
-        for block in model.blocks:
-            shard(block, mesh=mesh)
-        shard(model, mesh=mesh, ignored_params=ignored)
+        model = fully_shard_gpt(lib[3:], model, world_size, ignored_params=ignored)
     name = {"modules": "lm_head.weight", "states": "blocks.0.mlp.fc.weight"}.get(how)
     params = {n.replace("_fsdp_wrapped_module.", ""): p for n, p in model.named_parameters()}
     param = params.get(name)
@@ -264,7 +279,7 @@ def _ignored_run(lib, rank, world_size, how):
     losses = train(model, rank, world_size) if lib in ("torch", "fsdp_lab") else None
     state = model.state_dict()
     return {"type": type(param).__name__, "shape": tuple(param.shape) if param is not None else None, "grad": grad,
-            "bytes": counter.bytes, "losses": losses, "keys": sorted(state),
+            "bytes": counter.bytes, "losses": losses, "keys": sorted(state), "unsharded_report": report,
             "value": state[name].detach().clone() if name is not None else None}
 
 
@@ -285,7 +300,7 @@ def ignored(rank, world_size):
     return out
 
 
-CASES = {f.__name__: f for f in (meta_init, wrap_peaks, sync_states, ignored)}
+CASES = {f.__name__: f for f in (meta_init, wrap_peaks, fully_shard_meta, sync_states, ignored)}
 
 
 def run_cases(rank, world_size, names):

@@ -17,7 +17,7 @@ NOISE = 1e-5  # float noise between differently ordered fp32 sums
 
 @pytest.fixture(scope="module")
 def ranks():
-    return run_on_ranks(run_cases, WORLD, ["meta_init", "wrap_peaks", "sync_states", "ignored"], timeout_s=600)
+    return run_on_ranks(run_cases, WORLD, ["meta_init", "wrap_peaks", "fully_shard_meta", "sync_states", "ignored"], timeout_s=600)
 
 
 def facts(ranks, case, rank=0):
@@ -63,6 +63,13 @@ def test_fully_shard_meta_then_to_empty_peak_is_shards_plus_one_group(ranks, ran
     bound = ours["final"] + ours["unit"]
     assert ours["final"] == got["fs_torch_meta"]["final"], "the shards are the bytes torch's fully_shard keeps"
     assert ours["peak"] <= bound and real["peak"] > bound, (ours, real, bound)
+
+
+def test_fully_shard_meta_then_to_empty_gives_torchs_weights_and_training(ranks):
+    got = facts(ranks, "fully_shard_meta")
+    assert max_diff(got["fsdp_lab_state"], got["torch_state"]) == 0.0
+    assert close(got["fsdp_lab_losses"], got["torch_losses"]), got
+    assert close(got["fsdp_lab_losses"], got["plain_losses"]), got
 
 
 @pytest.mark.parametrize("rank", range(WORLD))
@@ -119,6 +126,9 @@ def test_collectives_leave_ignored_parameters_out(ranks):
         # reduce-scatter in backward no longer carry it
         assert without["reduce_scatter"] - with_["reduce_scatter"] == ignored_bytes, (how, lib, with_, without)
         assert without["all_gather"] - with_["all_gather"] >= ignored_bytes, (how, lib, with_, without)
+    # memory_report counts an ignored parameter where it lives: whole, on this rank
+    for how in ("modules", "states"):
+        assert got[f"fsdp_lab_{how}"]["unsharded_report"] - got["fsdp_lab_none"]["unsharded_report"] == ignored_bytes
     # counted alike at the dispatcher, torch carries the same bytes
     assert got["fsdp_lab_modules"]["bytes"]["reduce_scatter"] == got["torch_modules"]["bytes"]["reduce_scatter"]
     assert got["fs_fsdp_lab_modules"]["bytes"] == got["fs_torch_modules"]["bytes"]
