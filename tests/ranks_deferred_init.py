@@ -3,6 +3,7 @@ modules, each run on fsdp_lab and on torch (FSDP1 with device_id=cpu over gloo, 
 seeds, plus the bytes of parameter storage each rank holds while it wraps."""
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
@@ -41,6 +42,11 @@ class StorageBytes(TorchDispatchMode):
             else:
                 total += storage.nbytes()
         return total
+
+    def settled(self) -> int:
+        """Live bytes once garbage that only a collection frees (reference cycles) is gone."""
+        gc.collect()
+        return self.live()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -177,6 +183,11 @@ def meta_init(rank, world_size):
         model = fsdp(lib, meta_gpt())
         out[f"{lib}_default_state"] = full_state(model)
         out[f"{lib}_default_losses"] = train(model, rank, world_size)
+    for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):  # each keeps other masters; one seed, one model
+        torch.manual_seed(1)
+        model = fsdp("fsdp_lab", meta_gpt(), param_init_fn=init_fn, use_orig_params=strategy == "FULL_SHARD",
+                     sharding_strategy=strategy)
+        out[f"orig_params_{strategy}_state"] = full_state(model)
     out["plain_fn_losses"] = one_process(out["torch_fn_state"])
     out["plain_default_losses"] = one_process(out["torch_default_state"])
     return out
@@ -194,7 +205,7 @@ def wrap_peaks(rank, world_size):
             with StorageBytes() as counter:
                 model, kwargs = build()
                 wrapped = fsdp(lib, model, **kwargs)
-                out[f"{lib}_{path}"] = {"peak": counter.peak, "final": counter.live()}
+                out[f"{lib}_{path}"] = {"peak": counter.peak, "final": counter.settled()}
             if lib == "fsdp_lab":
                 out[f"{lib}_{path}"]["unit"] = unit_unsharded_bytes(wrapped)
             del model, wrapped
@@ -202,7 +213,7 @@ def wrap_peaks(rank, world_size):
         for path in ("meta", "real"):
             with StorageBytes() as counter:
                 model = fully_shard_gpt(lib, meta_gpt() if path == "meta" else real_gpt(0), world_size, seed=0)
-                out[f"fs_{lib}_{path}"] = {"peak": counter.peak, "final": counter.live()}
+                out[f"fs_{lib}_{path}"] = {"peak": counter.peak, "final": counter.settled()}
             if lib == "fsdp_lab":
                 out[f"fs_{lib}_{path}"]["unit"] = unit_unsharded_bytes(model)
             del model
@@ -241,7 +252,7 @@ def sync_states(rank, world_size):
                 model, kwargs = meta_gpt(), {"param_init_fn": init_fn}
             with StorageBytes() as counter:
                 wrapped = fsdp(lib, model, sync_module_states=True, **kwargs)
-                peak, final = counter.peak, counter.live()
+                peak, final = counter.peak, counter.settled()
             out[f"{lib}_{others}_state"] = full_state(wrapped)
             out[f"{lib}_{others}_losses"] = train(wrapped, rank, world_size)
             if lib == "fsdp_lab" and others == "meta":
@@ -300,7 +311,21 @@ def ignored(rank, world_size):
     return out
 
 
-CASES = {f.__name__: f for f in (meta_init, wrap_peaks, fully_shard_meta, sync_states, ignored)}
+def refusals(rank, world_size):
+    """What torch refuses about ignored states is refused here too, in one line naming it."""
+    from ranks_features import message_of
+
+    model = real_gpt(0)
+    return {"both": message_of(lambda: FSDP(model, ignored_modules=[model.lm_head],
+                                            ignored_states=[model.lm_head.weight])),
+            "mixed": message_of(lambda: FSDP(model, ignored_states=[model.lm_head, model.wte.weight])),
+            "root": message_of(lambda: FSDP(model, ignored_modules=[model])),
+            "not_modules": message_of(lambda: FSDP(model, ignored_modules=[model.lm_head.weight])),
+            "left_on_meta": message_of(lambda: FSDP(meta_gpt(), param_init_fn=lambda m: None))}
+
+
+CASES = {f.__name__: f for f in (meta_init, wrap_peaks, fully_shard_meta, sync_states, ignored,
+                                  refusals)}
 
 
 def run_cases(rank, world_size, names):

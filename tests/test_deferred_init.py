@@ -17,7 +17,8 @@ NOISE = 1e-5  # float noise between differently ordered fp32 sums
 
 @pytest.fixture(scope="module")
 def ranks():
-    return run_on_ranks(run_cases, WORLD, ["meta_init", "wrap_peaks", "fully_shard_meta", "sync_states", "ignored"], timeout_s=600)
+    return run_on_ranks(run_cases, WORLD, ["meta_init", "wrap_peaks", "fully_shard_meta", "sync_states", "ignored",
+                                      "refusals"], timeout_s=600)
 
 
 def facts(ranks, case, rank=0):
@@ -43,6 +44,13 @@ def test_meta_init_gives_torchs_weights_and_training(ranks, path):
     assert max_diff(got[f"fsdp_lab_{path}_state"], got[f"torch_{path}_state"]) == 0.0
     assert close(got[f"fsdp_lab_{path}_losses"], got[f"torch_{path}_losses"]), got
     assert close(got[f"fsdp_lab_{path}_losses"], got[f"plain_{path}_losses"]), got
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+def test_meta_init_is_the_same_whatever_the_masters_layout(ranks, strategy):
+    """use_orig_params=True (FULL_SHARD), ZeRO-2 and NO_SHARD's whole replica load the same values."""
+    got = facts(ranks, "meta_init")
+    assert max_diff(got[f"orig_params_{strategy}_state"], got["torch_fn_state"]) == 0.0
 
 
 @pytest.mark.parametrize("rank", range(WORLD))
@@ -132,3 +140,11 @@ def test_collectives_leave_ignored_parameters_out(ranks):
     # counted alike at the dispatcher, torch carries the same bytes
     assert got["fsdp_lab_modules"]["bytes"]["reduce_scatter"] == got["torch_modules"]["bytes"]["reduce_scatter"]
     assert got["fs_fsdp_lab_modules"]["bytes"] == got["fs_torch_modules"]["bytes"]
+
+
+@pytest.mark.parametrize("case,words", [("both", "cannot be passed together"), ("mixed", "all nn.Parameters or all"),
+                                        ("root", "its own root"), ("not_modules", "iterable of nn.Modules"),
+                                        ("left_on_meta", "left")])
+def test_bad_ignored_states_and_init_are_named(ranks, case, words):
+    message = facts(ranks, "refusals")[case]
+    assert message is not None and words in message and "\n" not in message, message
