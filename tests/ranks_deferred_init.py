@@ -284,6 +284,7 @@ def _ignored_run(lib, rank, world_size, how):
     with CollectiveBytes() as counter:
         model(x, y).backward()
     grad = param.grad.detach().clone() if param is not None else None
+    norm = model.clip_grad_norm_(1e9).item() if lib in ("torch", "fsdp_lab") else None  # the global norm, unclipped
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt.step()
     opt.zero_grad()
@@ -291,6 +292,7 @@ def _ignored_run(lib, rank, world_size, how):
     state = model.state_dict()
     return {"type": type(param).__name__, "shape": tuple(param.shape) if param is not None else None, "grad": grad,
             "bytes": counter.bytes, "losses": losses, "keys": sorted(state), "unsharded_report": report,
+            "norm": norm,
             "value": state[name].detach().clone() if name is not None else None}
 
 
