@@ -183,6 +183,14 @@ def meta_init(rank, world_size):
         model = fsdp(lib, meta_gpt())
         out[f"{lib}_default_state"] = full_state(model)
         out[f"{lib}_default_losses"] = train(model, rank, world_size)
+    for lib, cls, kwargs in (("torch", TorchFSDP, {"device_id": torch.device("cpu")}), ("fsdp_lab", FSDP, {})):
+        torch.manual_seed(1)  # wrapped by hand, each block first: the same order as the policy's
+        model = meta_gpt()
+        for i in range(len(model.blocks)):
+            model.blocks[i] = cls(model.blocks[i], param_init_fn=init_fn, **kwargs)
+        model = cls(model, param_init_fn=init_fn, **kwargs)
+        out[f"{lib}_nested_state"] = full_state(model)
+        out[f"{lib}_nested_losses"] = train(model, rank, world_size)
     for strategy in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):  # each keeps other masters; one seed, one model
         torch.manual_seed(1)
         model = fsdp("fsdp_lab", meta_gpt(), param_init_fn=init_fn, use_orig_params=strategy == "FULL_SHARD",

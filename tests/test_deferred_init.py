@@ -46,6 +46,14 @@ def test_meta_init_gives_torchs_weights_and_training(ranks, path):
     assert close(got[f"fsdp_lab_{path}_losses"], got[f"plain_{path}_losses"]), got
 
 
+def test_meta_init_of_blocks_wrapped_by_hand_is_torchs(ranks):
+    """FSDP(block, param_init_fn=...) for each block, then FSDP(model, param_init_fn=...)."""
+    got = facts(ranks, "meta_init")
+    assert max_diff(got["fsdp_lab_nested_state"], got["torch_nested_state"]) == 0.0
+    assert max_diff(got["fsdp_lab_nested_state"], got["torch_fn_state"]) == 0.0, "the same seed, the same order"
+    assert close(got["fsdp_lab_nested_losses"], got["torch_nested_losses"]), got
+
+
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
 def test_meta_init_is_the_same_whatever_the_masters_layout(ranks, strategy):
     """use_orig_params=True (FULL_SHARD), ZeRO-2 and NO_SHARD's whole replica load the same values."""

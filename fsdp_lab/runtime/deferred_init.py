@@ -64,7 +64,7 @@ class UnitInit:
     sync_module_states: bool
     pg: object
     unit_modules: frozenset  # ids of every unit's module: a unit does not materialise another's
-    ignored: frozenset  # ids of ignored modules: never materialised or broadcast by FSDP
+    ignored: frozenset  # ids of ignored modules: never materialised, their parameters never broadcast
     ignored_params: frozenset
     synced_buffers: set = field(default_factory=set)  # ids of buffers already broadcast (an outer unit skips them)
 
