@@ -45,7 +45,7 @@ class FSDP(nn.Module):
 
     torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). A module built on the meta
     device is materialised one unit at a time (param_init_fn, or to_empty + reset_parameters), and
-    sync_module_states broadcasts rank 0's values one unit at a time ([Note: one unit at a time] in
+    sync_module_states broadcasts rank 0's values one unit at a time ([Note: materialising one unit at a time] in
     deferred_init.py); ignored_modules / ignored_states stay plain local parameters ([Note: ignored modules] in
     ignored.py). cpu_offload with offload_params=True and device_mesh raise a ValueError naming them. Unknown
     attributes and indexing reach the wrapped module, as in torch."""

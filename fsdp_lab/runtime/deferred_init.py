@@ -1,20 +1,22 @@
 """Where each FSDP1 unit's first values come from: a module built on the meta device, and sync_module_states.
 
-[Note: one unit at a time] A 7B model in fp32 is 28 GB: a rank that builds it whole before wrapping needs that
-much however few shards it keeps. Built under torch.device("meta") it costs nothing, and FSDP gives each unit its
-values just before flattening it, innermost unit first, the root last (the order torch FSDP1's recursive
-wrapping takes, so a seeded init draws the same numbers):
+[Note: materialising one unit at a time] A 7B model in fp32 is 28 GB: a rank that builds it whole before
+wrapping needs that much however few shards it keeps. Built under torch.device("meta") it costs nothing, and
+FSDP gives each unit its values just before flattening it, innermost unit first, the root last (the order torch
+FSDP1's recursive wrapping takes, so a seeded init draws the same numbers):
 
-  1. the unit's FlatParam allocates this rank's shard (and briefly its unsharded buffer, to size it);
+  1. the unit's FlatParam allocates this rank's shard (and briefly its unsharded buffer, to size it: before the
+     originals exist, so the two are never alive together);
   2. the unit is materialised: param_init_fn(m) for each module m of the unit (breadth first, not entering other
      units or ignored modules), or without one, m.to_empty(device=..., recurse=False) and m.reset_parameters()
      for each such module that has parameters or buffers of its own, as torch FSDP1 does;
   3. with sync_module_states, rank 0 broadcasts this unit's parameters and not-yet-synced buffers;
   4. the shard copies its part of each parameter, and the originals are dropped.
 
-So at any moment a rank holds its shards plus one unit's unsharded parameters. sync_module_states works on the
-same schedule whether or not the module was on meta (rank 0 may hold real weights and the others meta ones): a
-broadcast never carries more than one unit.
+So at any moment a rank holds its shards plus one unit's unsharded parameters (torch FSDP1 also holds a
+concatenated copy of the unit: tests/test_deferred_init.py measures both). sync_module_states runs on the same
+schedule whether or not the module was on meta (rank 0 may hold real weights and the others meta ones), so no
+rank ever receives more than one unit before it is sharded.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ def _states(module: nn.Module):
 
 @dataclass
 class UnitInit:
-    """How each unit gets its values before it is flattened ([Note: one unit at a time])."""
+    """How each unit gets its values before it is flattened ([Note: materialising one unit at a time])."""
     param_init_fn: Optional[Callable[[nn.Module], None]]
     device: torch.device  # where meta modules are materialised (to_empty)
     sync_module_states: bool
@@ -72,7 +74,7 @@ class UnitInit:
         return own_modules(unit_module, (self.unit_modules - {id(unit_module)}) | self.ignored)
 
     def prepare(self, unit_name: str, unit_module: nn.Module, flats) -> None:
-        """Steps 2–4 of [Note: one unit at a time] for one unit whose FlatParams are built."""
+        """Steps 2–4 of [Note: materialising one unit at a time] for one unit whose FlatParams are built."""
         modules = self.modules_of(unit_module)
         on_meta = any(t.is_meta for m in modules for t in _states(m) if id(t) not in self.ignored_params)
         if on_meta:

@@ -16,7 +16,7 @@ def check_process_group(process_group):
 
 def resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
     """The device this rank's shards live on; the module is moved there (what is on the meta device stays there
-    until its unit is materialised: [Note: one unit at a time] in deferred_init.py)."""
+    until its unit is materialised: [Note: materialising one unit at a time] in deferred_init.py)."""
     devices = {p.device for p in module.parameters()}
     on_meta = any(d.type == "meta" for d in devices)
     devices.discard(torch.device("meta"))
