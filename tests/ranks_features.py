@@ -199,9 +199,14 @@ def error_cases(rank, world_size):
         m.blocks[1].mlp.fc.weight = m.blocks[0].mlp.fc.weight
         FSDP(m, auto_wrap_policy=ModuleWrapPolicy({Block}))
 
-    def meta_device():
+    def meta_device():  # on meta, with nothing that says how to initialise it
+        class NoReset(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.empty(4))
+
         with torch.device("meta"):
-            m = nn.Linear(4, 4)
+            m = NoReset()
         FSDP(m)
 
     def mixed_device():

@@ -3,6 +3,7 @@
 fails does not hide the others."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import traceback
@@ -314,12 +315,20 @@ def param_init_fn(rank, world_size):
     calls = {"ours": [], "torch": []}
     ours = wrap(gpt(), param_init_fn=lambda m: calls["ours"].append(type(m).__name__))
     torch_wrap(gpt(), param_init_fn=lambda m: calls["torch"].append(type(m).__name__))
-    with torch.device("meta"):
-        on_meta = gpt()
     with FSDP.summon_full_params(ours):
         same = all(torch.equal(p, q) for (_, p), (_, q) in zip(ours.named_parameters(), gpt().named_parameters()))
-    return {"calls": calls, "unchanged": same,
-            "meta": seen(lambda: wrap(on_meta, param_init_fn=lambda m: m.to_empty(device="cpu")))}
+    untied = dataclasses.replace(build_gpt("tiny").cfg, tie_weights=False)
+    on_meta = {}
+    for key, wrapper in (("ours", wrap), ("torch", torch_wrap)):  # on meta: called per module, in torch's order
+        with torch.device("meta"):
+            model = GPT(untied)
+        on_meta[key] = []
+        wrapper(model, param_init_fn=lambda m, key=key: (on_meta[key].append(type(m).__name__),
+                                                         m.to_empty(device="cpu", recurse=False)))
+    with torch.device("meta"):
+        tied = gpt()
+    return {"calls": calls, "unchanged": same, "meta_calls": on_meta,
+            "untied": seen(lambda: wrap(tied, param_init_fn=lambda m: m.to_empty(device="cpu", recurse=False)))}
 
 
 CASES = {f.__name__: f for f in (forwarding, dcp_state_dict, buffer_dtype, low_precision_grads, whole_model_compile,

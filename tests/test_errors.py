@@ -28,9 +28,10 @@ def test_module_on_meta_device(messages):
     assert messages["meta_device"].startswith("ValueError") and "meta device" in messages["meta_device"]
 
 
-def test_module_on_several_devices(messages):
-    msg = messages["mixed_device"]
-    assert msg.startswith("ValueError") and ("meta" in msg or "several devices" in msg)
+def test_module_partly_on_meta_is_materialised_as_torch_does(messages):
+    """One Linear on the CPU, one on meta: torch FSDP1 materialises the unit (to_empty + reset_parameters for each
+    module with tensors of its own), and so do we; a CPU-only machine has no second real device to refuse."""
+    assert messages["mixed_device"] is None, messages["mixed_device"]
 
 
 def test_unknown_strategy_and_policy(messages):

@@ -127,7 +127,9 @@ def test_lambda_and_or_policies_pick_what_torch_picks(ranks):
     assert sorted(got["ours"]) == sorted(got["torch"]) and got["ours"], got
 
 
-def test_param_init_fn_is_accepted_without_meta_modules_and_unused_as_in_torch(ranks):
+def test_param_init_fn_is_unused_without_meta_modules_and_called_as_torch_calls_it_on_meta(ranks):
     got = facts(ranks, "param_init_fn")
     assert got["calls"] == {"ours": [], "torch": []} and got["unchanged"]
-    assert got["meta"].startswith("ValueError") and "param_init_fn" in got["meta"], got["meta"]
+    assert got["meta_calls"]["ours"] == got["meta_calls"]["torch"] and got["meta_calls"]["ours"], got["meta_calls"]
+    # a tie that to_empty broke is named, where torch would go on training two untied copies
+    assert got["untied"].startswith("ValueError") and "untied" in got["untied"], got["untied"]

@@ -14,9 +14,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_lab.runtime.deferred_init import UnitInit
 from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.flat_param import FlatParam
 from fsdp_lab.runtime.grad_norm import clip_grad_norm_
+from fsdp_lab.runtime.ignored import resolve_ignored
 from fsdp_lab.runtime.memory import memory_report
 from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
                                      refuse_compile, refuse_wrapped_inside, watch_optimizers)
@@ -41,9 +43,11 @@ _PREFIX = "_fsdp_wrapped_module."
 class FSDP(nn.Module):
     """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06.
 
-    torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
-    torch, only for modules on the meta device, which are refused (device.py); cpu_offload with
-    offload_params=True, ignored_modules, ignored_states and device_mesh raise a ValueError naming them. Unknown
+    torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). A module built on the meta
+    device is materialised one unit at a time (param_init_fn, or to_empty + reset_parameters), and
+    sync_module_states broadcasts rank 0's values one unit at a time ([Note: materialising one unit at a time] in
+    deferred_init.py); ignored_modules / ignored_states stay plain local parameters ([Note: ignored modules] in
+    ignored.py). cpu_offload with offload_params=True and device_mesh raise a ValueError naming them. Unknown
     attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
@@ -55,13 +59,12 @@ class FSDP(nn.Module):
         super().__init__()
         if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
             raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
-        for option, value in (("ignored_modules", ignored_modules), ("ignored_states", ignored_states),
-                              ("device_mesh", device_mesh)):
-            if value is not None:
-                raise ValueError(f"FSDP option {option}={value!r} is not supported by fsdp_lab")
+        if device_mesh is not None:
+            raise ValueError(f"FSDP option device_mesh={device_mesh!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
             raise ValueError("module is already wrapped with FSDP")
-        check_param_init_fn(module, param_init_fn)
+        check_param_init_fn(param_init_fn)
+        ignored = resolve_ignored(module, ignored_modules, ignored_states, FSDP)
         pg = check_process_group(process_group)
         strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
                                "sharding_strategy")
@@ -75,21 +78,22 @@ class FSDP(nn.Module):
         nested_units = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
-        masters = {p.dtype for p in module.parameters()}
+        masters = {p.dtype for p in module.parameters() if id(p) not in ignored.params}
         if masters - {torch.float32}:
             raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
                              f"{sorted(map(str, masters))}. Keep the module in fp32 and use MixedPrecision")
-        unit_params = partition_params(module, select_units(module, auto_wrap_policy, nested_units))
+        unit_params = partition_params(module, select_units(module, auto_wrap_policy, nested_units, ignored),
+                                       ignored)
         check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
                                     for p, aliases in u.trainable + u.frozen]) for u in unit_params],
                          pg, dist.get_rank(pg), dist.get_world_size(pg), device)
-        if sync_module_states:
-            with torch.no_grad():
-                for tensor in list(module.parameters()) + list(module.buffers()):
-                    dist.broadcast(tensor.data, src=dist.get_global_rank(pg, 0), group=pg)
+        unit_init = UnitInit(param_init_fn, device, bool(sync_module_states), pg,
+                             frozenset(id(u.module) for u in unit_params), ignored.modules, ignored.params)
         self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
         if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
             for module_name, buf_module in module.named_modules():
+                if id(buf_module) in ignored.modules:  # [Note: ignored modules] in ignored.py
+                    continue
                 for name, buf in buf_module._buffers.items():
                     if buf is not None and buf.is_floating_point():
                         self._buffer_dtypes[f"{module_name}.{name}" if module_name else name] = buf.dtype
@@ -104,10 +108,10 @@ class FSDP(nn.Module):
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             limit_all_gathers=bool(limit_all_gathers),
             on_backward_start=self._on_backward_start)
-        self._units = self._build_units(unit_params)
+        self._units = self._build_units(unit_params, unit_init)
         watch_optimizers(self)
 
-    def _build_units(self, unit_params) -> list[Unit]:
+    def _build_units(self, unit_params, unit_init: UnitInit) -> list[Unit]:
         ctx = self._ctx
         module = self._fsdp_wrapped_module
         units = []
@@ -119,11 +123,14 @@ class FSDP(nn.Module):
                 flats.append(FlatParam(
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
-                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype))
+                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype, device=ctx.device))
+            unit_init.prepare(info.name or "<root>", info.module, flats)  # deferred_init.py
             for param, aliases in info.trainable + info.frozen:  # the flat shards replace them
                 mark_replaced(param, aliases[0][2])  # [Note: traps that train nothing] in misuse.py
                 for owner, attr, _q in aliases:
                     owner._parameters.pop(attr, None)
+            info.trainable.clear()  # the shards hold the values now: let each unit's originals go before the next
+            info.frozen.clear()
             for flat in flats:
                 setattr(flat.shard, FLAT_OF, info.name or "<root>")
                 if self._use_orig_params:  # [Note: original parameters] in flat_param.py

@@ -15,11 +15,11 @@ def check_process_group(process_group):
 
 
 def resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
+    """The device this rank's shards live on; the module is moved there (what is on the meta device stays there
+    until its unit is materialised: [Note: materialising one unit at a time] in deferred_init.py)."""
     devices = {p.device for p in module.parameters()}
-    if any(d.type == "meta" for d in devices):
-        names = [n for n, p in module.named_parameters() if p.device.type == "meta"][:3]
-        raise ValueError(f"module has parameters on the meta device ({', '.join(names)}): materialise them "
-                         f"(e.g. module.to_empty(device=...) and re-initialise) before wrapping with FSDP")
+    on_meta = any(d.type == "meta" for d in devices)
+    devices.discard(torch.device("meta"))
     if device_id is not None:
         target = torch.device("cuda", device_id) if isinstance(device_id, int) else torch.device(device_id)
         if target.type == "cuda" and not torch.cuda.is_available():
@@ -27,7 +27,10 @@ def resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
         if devices - {torch.device("cpu"), target} and devices != {target}:
             raise ValueError(f"module is on {sorted(map(str, devices))} but device_id is {target}; "
                              f"move it to {target} or to CPU first")
-        module.to(target)
+        if on_meta:
+            module._apply(lambda t: t if t.is_meta else t.to(target))
+        else:
+            module.to(target)
         if target.type == "cuda":  # event waits, NCCL and DCP's object collectives use the current device
             torch.cuda.set_device(target)
         return target
@@ -37,23 +40,21 @@ def resolve_device(module: nn.Module, device_id, backend: str) -> torch.device:
             by_dev.setdefault(str(p.device), n)
         raise ValueError(f"module's parameters are on several devices: {by_dev}; FSDP needs one device "
                          f"per rank (move the module, or pass device_id)")
-    device = next(iter(devices)) if devices else torch.device("cpu")
+    if devices:
+        device = next(iter(devices))
+    elif on_meta and backend == "nccl" and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())  # torch FSDP1: the current device
+    else:
+        device = torch.device("cpu")
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"module is on {device} but the process group's backend is nccl, which needs CUDA "
                          f"tensors: move the module to cuda or pass device_id")
     return device
 
 
-def check_param_init_fn(module: nn.Module, param_init_fn) -> None:
-    """torch FSDP1 calls param_init_fn only for a module with parameters or buffers on the meta device; for any
-    other module it does nothing with it (accelerate passes one by default), and neither do we. Meta modules are
-    refused with what to do instead."""
-    if param_init_fn is None:
-        return
-    if not callable(param_init_fn):
+def check_param_init_fn(param_init_fn) -> None:
+    """torch FSDP1 calls param_init_fn only for a unit with parameters or buffers on the meta device (see
+    deferred_init.py); for any other it does nothing with it (accelerate passes one by default), and neither do
+    we."""
+    if param_init_fn is not None and not callable(param_init_fn):
         raise ValueError(f"param_init_fn must be callable, got {param_init_fn!r}")
-    on_meta = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.device.type == "meta"]
-    if on_meta:
-        raise ValueError(f"FSDP option param_init_fn with modules on the meta device ({', '.join(on_meta[:3])}) is "
-                         f"not supported by fsdp_lab: materialise the module first (module.to_empty(device=...) "
-                         f"and re-initialise it), then wrap without param_init_fn")

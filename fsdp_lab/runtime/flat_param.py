@@ -60,14 +60,14 @@ class FlatParam(UnshardedViews):
 
     def __init__(self, unit_name: str, entries: list, world_size: int, rank: int, *, requires_grad: bool,
                  compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool,
-                 reduce_dtype: torch.dtype | None = None):
+                 reduce_dtype: torch.dtype | None = None, device: torch.device | None = None):
         self.unit_name = unit_name
         self.requires_grad = requires_grad
         self.world_size, self.rank = world_size, rank
         self.compute_dtype = compute_dtype
         self.reduce_dtype = reduce_dtype or compute_dtype
         originals = [param for param, _aliases in entries]
-        device = originals[0].device
+        device = device if device is not None else originals[0].device
         self.master_dtype = originals[0].dtype
         align = align_elements(self.master_dtype, compute_dtype)
         offset, slots = 0, []
@@ -79,26 +79,42 @@ class FlatParam(UnshardedViews):
         self.numel = offset
         self.padded_numel = padded_size(offset, world_size) if shard_storage or keep_replica else offset
         self.shard_numel = self.padded_numel // world_size if (shard_storage or keep_replica) else offset
-        flat = torch.zeros(self.padded_numel, dtype=self.master_dtype, device=device)
-        with torch.no_grad():
-            for param, slot in zip(originals, slots):
-                flat[slot.offset:slot.offset + slot.numel].copy_(param.detach().reshape(-1))
         start = rank * self.shard_numel
         self.shard_offset = start if (shard_storage or keep_replica) else 0  # where the shard starts in `flat`
         self.orig_params = None  # use_orig_params: one Parameter per slot ([Note: original parameters])
         self.replica = None
         self.replica_epoch = 0  # ZeRO-1: the FSDPState.param_epoch whose masters the replica holds (None: stale)
+        # [Note: no whole flat buffer at wrap time] Only what this rank keeps is allocated (its chunk, or all of it
+        # where it keeps a replica); load_params copies each parameter's overlap with it in. So wrapping a unit
+        # needs its shard beside the original parameters, not a second unsharded copy of them.
+        sharded = shard_storage and not keep_replica
+        flat = torch.zeros(self.shard_numel if sharded else self.padded_numel, dtype=self.master_dtype, device=device)
         if keep_replica:  # ZeRO-1: a replicated fp32 copy stays; the shard is a window onto it
             self.replica = flat
             self.shard = nn.Parameter(flat.data[start:start + self.shard_numel], requires_grad=requires_grad)
-        elif shard_storage:
-            self.shard = nn.Parameter(flat[start:start + self.shard_numel].clone(), requires_grad=requires_grad)
-        else:  # NO_SHARD: the "shard" is the whole replicated master
+        else:  # this rank's chunk; NO_SHARD: the "shard" is the whole replicated master
             self.shard = nn.Parameter(flat, requires_grad=requires_grad)
         self.full = self._make_full_tensor(flat, keep_replica, shard_storage)
         self.persistent_full = self.full is self.shard or self.full is self.replica
         if not self.persistent_full:
             self.free_full()
+        if not any(p.is_meta for p in originals):  # on meta: the caller loads them once they are materialised
+            self.load_params(originals)
+
+    def load_params(self, tensors) -> None:
+        """Copy each slot's values (one tensor per slot, in slot order) into the master this rank keeps: its chunk
+        of the flat buffer, or all of it (NO_SHARD, ZeRO-1's replica)."""
+        master = (self.replica if self.replica is not None else self.shard).data
+        base = 0 if self.replica is not None else self.shard_offset  # where master[0] is in the flat buffer
+        with torch.no_grad():
+            for tensor, slot in zip(tensors, self.slots):
+                if tuple(tensor.shape) != tuple(slot.shape) or tensor.is_meta:
+                    raise ValueError(f"FSDP unit '{self.unit_name}': '{slot.name}' is {tuple(tensor.shape)} on "
+                                     f"{tensor.device} after initialisation, expected {tuple(slot.shape)} off the "
+                                     f"meta device")
+                lo, hi = max(slot.offset, base), min(slot.offset + slot.numel, base + master.numel())
+                if hi > lo:
+                    master[lo - base:hi - base].copy_(tensor.detach().reshape(-1)[lo - slot.offset:hi - slot.offset])
 
     def _make_full_tensor(self, flat, keep_replica, shard_storage) -> torch.Tensor:
         same_dtype = self.compute_dtype == self.master_dtype

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.runtime.misuse import FLAT_OF
 from fsdp_lab.runtime.strategy import ShardingStrategy
 
 
@@ -24,11 +25,18 @@ def _local_norm_term(grads: list, norm_type: float, device: torch.device) -> tor
 def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     ctx = model._ctx
     norm_type = float(norm_type)
-    grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    total = _local_norm_term(grads, norm_type, ctx.device)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.detach() for p in params]
+    # an ignored module's parameters (ignored.py) are whole on every rank: their term is added once, as in torch
+    sharded = [p.grad.detach() for p in params if hasattr(p, FLAT_OF)]
+    local = [p.grad.detach() for p in params if not hasattr(p, FLAT_OF)]
+    total = _local_norm_term(sharded, norm_type, ctx.device)
     if ctx.strategy is not ShardingStrategy.NO_SHARD:
         op = dist.ReduceOp.MAX if norm_type == float("inf") else dist.ReduceOp.SUM
         dist.all_reduce(total, op=op, group=ctx.pg)
+    if local:
+        term = _local_norm_term(local, norm_type, ctx.device)
+        total = torch.maximum(total, term) if norm_type == float("inf") else total + term
     if norm_type != float("inf"):
         total = total ** (1.0 / norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from fsdp_lab.runtime.misuse import FLAT_OF
+
 KINDS = ("params_sharded", "params_unsharded", "grads_sharded", "grads_unsharded", "optimizer_state")
 
 
@@ -56,6 +58,10 @@ def memory_report(model, optimizer=None) -> MemoryBytes:
             counter.add("grads_unsharded", flat.grad_stash)
             if flat.full is not flat.shard:
                 counter.add("grads_unsharded", flat.full.grad)
+    for param in model.parameters():  # an ignored module's parameters (ignored.py): whole, on every rank
+        if not hasattr(param, FLAT_OF):
+            counter.add("params_unsharded", param)
+            counter.add("grads_unsharded", param.grad)
     if optimizer is not None:
         for state in optimizer.state.values():
             for value in state.values():

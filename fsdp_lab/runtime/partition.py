@@ -24,8 +24,9 @@ def _display(name: str) -> str:
     return name or "<root>"
 
 
-def partition_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]]) -> list[UnitParams]:
-    """Return one UnitParams per unit (wrapped modules innermost first, the root last)."""
+def partition_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], ignored=None) -> list[UnitParams]:
+    """Return one UnitParams per unit (wrapped modules innermost first, the root last). Parameters in `ignored`
+    (runtime/ignored.py) belong to no unit."""
     units = {id(m): UnitParams(n, m) for n, m in unit_modules}
     units[id(root)] = UnitParams("", root)
     owner_of_module: dict[int, UnitParams] = {}
@@ -41,7 +42,7 @@ def partition_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]])
     for mod_name, module in root.named_modules(remove_duplicate=False):
         owner = owner_of_module[id(module)]
         for attr, param in module._parameters.items():
-            if param is None:
+            if param is None or (ignored is not None and id(param) in ignored.params):
                 continue
             qualified = f"{mod_name}.{attr}" if mod_name else attr
             if id(param) in seen:

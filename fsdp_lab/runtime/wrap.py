@@ -102,19 +102,27 @@ def _as_callable(policy, root: Optional[nn.Module] = None) -> Callable:
                      f"transformer_auto_wrap_policy or size_based_auto_wrap_policy")
 
 
-def select_units(root: nn.Module, policy, forced: Iterable[nn.Module] = ()) -> list[tuple[str, nn.Module]]:
+def _is_ignored(param, ignored) -> bool:
+    return ignored is not None and id(param) in ignored.params
+
+
+def select_units(root: nn.Module, policy, forced: Iterable[nn.Module] = (),
+                 ignored=None) -> list[tuple[str, nn.Module]]:
     """Submodules (qualified name, module) the policy wraps, innermost first; the root is not included.
-    `forced` modules are units whatever the policy says (the units of FSDP instances nested in `root`)."""
+    `forced` modules are units whatever the policy says (the units of FSDP instances nested in `root`). `ignored`
+    (runtime/ignored.py): ignored modules are never visited and ignored parameters never counted, as in torch."""
     decide = _as_callable(policy, root)
     forced_ids = {id(m) for m in forced}
     chosen: list[tuple[str, nn.Module]] = []
 
     def visit(name: str, module: nn.Module) -> int:
         """Returns the number of parameters under `module` that no wrapped descendant has claimed."""
-        own = sum(p.numel() for p in module.parameters(recurse=False))
+        if ignored is not None and id(module) in ignored.modules:
+            return 0
+        own = sum(p.numel() for p in module.parameters(recurse=False) if not _is_ignored(p, ignored))
         holds_forced = bool(forced_ids) and any(id(m) in forced_ids for m in module.modules())
         if not holds_forced and not decide(module=module, recurse=True, nonwrapped_numel=own):
-            return sum(p.numel() for p in module.parameters())
+            return sum(p.numel() for p in module.parameters() if not _is_ignored(p, ignored))
         free = own
         for child_name, child in module.named_children():
             free += visit(f"{name}.{child_name}" if name else child_name, child)
