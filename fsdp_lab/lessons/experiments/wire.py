@@ -2,6 +2,10 @@
 namespace, the loopback counter read around every step ([Note: counting real bytes] in fsdp_lab/observe/wire.py).
 
     rows = measure_wire_bytes()   # [{strategy, step, wire_bytes, counted_bytes, counted_by_collective, ...}]
+    rows = measure_wire_bytes(micro_batches=(1, 2, 4), no_sync=(True, False))   # gradient accumulation
+
+Each optimizer step runs K micro-batches, the first K-1 under no_sync() or not ([Note: accumulation and no_sync]
+in fsdp_lab/lessons/experiments/common.py); every row names its `micro_batches` and `no_sync`.
 
 `counted_bytes` is what the trace's ring formula says all ranks sent in that step (fsdp_lab/observe/traffic.py);
 `wire_bytes` is what the loopback interface carried, with the bracketing barriers' own bytes subtracted. Run as
@@ -9,15 +13,18 @@ namespace, the loopback counter read around every step ([Note: counting real byt
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import sys
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
 
-from fsdp_lab.lessons.experiments.common import RunSpec, build_model, config_for
+from fsdp_lab.lessons.experiments.common import RunSpec, accumulation_step, build_model, config_for, unit_table
 from fsdp_lab.observe import trace as trace_mod
+from fsdp_lab.theory import formulas
 from fsdp_lab.observe.traffic import comm_summary
 from fsdp_lab.observe.wire import bring_loopback_up, isolation_problem, loopback_tx_bytes, run_isolated
 from fsdp_lab.training.launch import run_on_ranks
@@ -36,11 +43,15 @@ def _bracketed(rank: int, fn) -> int:
     return loopback_tx_bytes() - before if rank == 0 else 0
 
 
-def _wire_rank(rank: int, world_size: int, spec: RunSpec, strategies: tuple) -> dict:
-    out = {}
+def _variants(strategies: tuple, micro_batches: tuple, no_sync: tuple) -> list[tuple[str, int, bool]]:
+    return [(strategy, k, quiet) for strategy in strategies for k in micro_batches for quiet in no_sync]
+
+
+def _wire_rank(rank: int, world_size: int, spec: RunSpec, variants: list) -> dict:
+    out = []
     cfg = config_for(spec.preset)
     barrier = min(_bracketed(rank, lambda: None) for _ in range(BARRIER_SAMPLES))
-    for strategy in strategies:
+    for strategy, k, quiet in variants:
         model = build_model(spec.with_(strategy=strategy))
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
         tracer = trace_mod.Tracer(None, rank=rank, model=model, optimizer=opt)
@@ -49,52 +60,87 @@ def _wire_rank(rank: int, world_size: int, spec: RunSpec, strategies: tuple) -> 
         for step in range(spec.steps):
             x, y = batch_for_step(cfg, step, spec.global_batch, spec.seq_len)
             x, y = rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)
-
-            def one_step():
-                model(x, y).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            wire.append(_bracketed(rank, one_step))
+            wire.append(_bracketed(rank, lambda: accumulation_step(model, opt, x, y, k, quiet)))
         model.set_tracer(None)
         tracer.close()
         comm = comm_summary(tracer.events)
-        out[strategy] = {"wire": wire, "counted": comm.per_step(rank),
-                         "by_collective": {s: comm.per_collective(rank, s) for s in range(spec.steps)}}
-    return {"rank": rank, "barrier_bytes": barrier, "strategies": out}
+        units = unit_table(model)
+        root = sum(u["padded_numel"] for u in units if u["is_root"]) / sum(u["padded_numel"] for u in units)
+        out.append({"wire": wire, "counted": comm.per_step(rank), "root_share": root,
+                    "by_collective": {s: comm.per_collective(rank, s) for s in range(spec.steps)}})
+    return {"rank": rank, "barrier_bytes": barrier, "variants": out}
 
 
-def _rows(per_rank: list, strategies: tuple) -> list[dict]:
+def _rows(per_rank: list, variants: list) -> list[dict]:
     rank0 = per_rank[0]
     rows = []
-    for strategy in strategies:
-        for step, wire in enumerate(rank0["strategies"][strategy]["wire"]):
-            counted = sum(r["strategies"][strategy]["counted"].get(step, 0) for r in per_rank)
+    for i, (strategy, k, quiet) in enumerate(variants):
+        for step, wire in enumerate(rank0["variants"][i]["wire"]):
+            counted = sum(r["variants"][i]["counted"].get(step, 0) for r in per_rank)
             by = {}
             for r in per_rank:
-                for kind, b in r["strategies"][strategy]["by_collective"][step].items():
+                for kind, b in r["variants"][i]["by_collective"][step].items():
                     by[kind] = by.get(kind, 0) + b
-            rows.append({"strategy": strategy, "step": step, "wire_bytes": wire - rank0["barrier_bytes"],
-                         "counted_bytes": counted, "counted_by_collective": by,
-                         "barrier_bytes": rank0["barrier_bytes"]})
+            rows.append({"strategy": strategy, "micro_batches": k, "no_sync": quiet, "step": step,
+                         "wire_bytes": wire - rank0["barrier_bytes"], "counted_bytes": counted,
+                         "counted_by_collective": by, "barrier_bytes": rank0["barrier_bytes"],
+                         "root_share": rank0["variants"][i]["root_share"]})
     return rows
 
 
-def _inside(strategies: tuple, world_size: int, preset: str, steps: int) -> list[dict]:
+def accumulation_table(rows: list[dict], world_size: int = 2) -> list[dict]:
+    """One row per (K, no_sync): FSDP's and DDP's mean bytes on the wire per optimizer step, their ratio, and
+    beside it `formulas.comm_bytes_ratio_fsdp_vs_ddp` three ways: the article's (2K+1)/2 (every parameter gathered
+    twice, a ring reduce-scatter), with the root's share gathered once, and with gloo's two-pass reduce-scatter
+    as well (what this run should show)."""
+    def mean(strategy, k, quiet, key="wire_bytes"):
+        got = [r[key] for r in rows if (r["strategy"], r["micro_batches"], r["no_sync"]) == (strategy, k, quiet)]
+        if not got:
+            raise ValueError(f"no {strategy} rows with micro_batches={k}, no_sync={quiet}: measure both FULL_SHARD "
+                             f"and NO_SHARD")
+        return sum(got) / len(got)
+
+    table = []
+    for k, quiet in sorted({(r["micro_batches"], r["no_sync"]) for r in rows}, key=lambda kq: (not kq[1], kq[0])):
+        fsdp, ddp = mean("FULL_SHARD", k, quiet), mean("NO_SHARD", k, quiet)
+        root = mean("FULL_SHARD", k, quiet, "root_share")
+        ratio = functools.partial(formulas.comm_bytes_ratio_fsdp_vs_ddp, world_size, micro_batches=k, no_sync=quiet)
+        table.append({"micro_batches": k, "no_sync": quiet, "fsdp_wire_bytes": round(fsdp),
+                      "ddp_wire_bytes": round(ddp), "measured_ratio": fsdp / ddp, "formula": ratio(),
+                      "formula_root": ratio(root_share=root),
+                      "formula_root_gloo": ratio(root_share=root, reduce_scatter_passes=2), "root_share": root})
+    return table
+
+
+def _inside(strategies: tuple, world_size: int, preset: str, steps: int, micro_batches: tuple = (1,),
+            no_sync: tuple = (True,)) -> list[dict]:
     bring_loopback_up()
-    spec = RunSpec(preset=preset, steps=steps, trace=True)
-    per_rank = run_on_ranks(_wire_rank, world_size, spec, strategies, timeout_s=240)
-    return _rows(per_rank, strategies)
+    # every rank's batch splits into each K (and is 2 sequences or more, as the default global batch of 4 gives)
+    spec = RunSpec(preset=preset, steps=steps, trace=True, global_batch=world_size * math.lcm(2, *micro_batches))
+    variants = _variants(strategies, micro_batches, no_sync)
+    per_rank = run_on_ranks(_wire_rank, world_size, spec, variants, timeout_s=240)
+    return _rows(per_rank, variants)
 
 
 def measure_wire_bytes(strategies: Iterable[str] = ("FULL_SHARD", "NO_SHARD"), world_size: int = 2,
-                       preset: str = "tiny", steps: int = 2, timeout_s: float = 300.0) -> list[dict]:
-    """Every step's bytes on the loopback wire and the ring formula's count, per strategy (see the module doc).
-    Raises RuntimeError saying why where no private network namespace can be made."""
-    strategies = tuple(strategies)
+                       preset: str = "tiny", steps: int = 2, timeout_s: float = 300.0,
+                       micro_batches: Iterable[int] = (1,), no_sync: Iterable[bool] = (True,)) -> list[dict]:
+    """Every step's bytes on the loopback wire and the ring formula's count, for each strategy, number of
+    accumulation micro-batches K and no_sync choice (see the module doc). Raises RuntimeError saying why where no
+    private network namespace can be made."""
+    strategies, micro_batches, no_sync = tuple(strategies), tuple(micro_batches), tuple(no_sync)
+    for k in micro_batches:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"micro_batches must hold integers >= 1, got {k!r} in {micro_batches!r}")
+    if not micro_batches or not no_sync or not all(isinstance(q, bool) for q in no_sync):
+        raise ValueError(f"micro_batches and no_sync must be non-empty, no_sync of True/False: {micro_batches!r}, "
+                         f"{no_sync!r}")
     problem = isolation_problem()
     if problem:
         raise RuntimeError(problem)
-    args = ["--world-size", str(world_size), "--preset", preset, "--steps", str(steps), *strategies]
+    args = ["--world-size", str(world_size), "--preset", preset, "--steps", str(steps),
+            "--micro-batches", *map(str, micro_batches), "--no-sync", *("on" if q else "off" for q in no_sync),
+            "--", *strategies]
     return json.loads(run_isolated(__name__, args, timeout_s).strip().splitlines()[-1])
 
 
@@ -105,9 +151,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1])
+    parser.add_argument("--no-sync", choices=("on", "off"), nargs="+", default=["on"])
     parser.add_argument("strategies", nargs="*", default=["FULL_SHARD", "NO_SHARD"])
     args = parser.parse_args(argv)
-    print(json.dumps(_inside(tuple(args.strategies), args.world_size, args.preset, args.steps)))
+    rows = _inside(tuple(args.strategies), args.world_size, args.preset, args.steps, tuple(args.micro_batches),
+                   tuple(q == "on" for q in args.no_sync))
+    print(json.dumps(rows))
     return 0
 
 
