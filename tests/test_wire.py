@@ -77,8 +77,10 @@ def test_accumulation_with_no_sync_sends_2k_plus_1_over_2_of_ddps_bytes(accumula
 
 def test_accumulation_without_no_sync_keeps_fsdps_ratio(accumulation):
     """Without no_sync both reduce every micro-batch: DDP sends K all-reduces, FSDP 3 passes per micro-batch,
-    so the ratio stays where K = 1 puts it (1.5 in the article's count, 1.91 with the root and gloo here)."""
-    one = accumulation[(1, False)]
+    so the ratio stays where K = 1 puts it (1.5 in the article's count, 1.91 with the root and gloo here).
+    K = 1 has no micro-batch under no_sync: its one run serves both."""
+    assert (1, False) not in accumulation
+    one = accumulation[(1, True)]
     for k in (2, 4):
         t = accumulation[(k, False)]
         assert t["formula"] == 1.5
@@ -98,3 +100,22 @@ def test_accumulation_options_are_checked():
         accumulation_step(None, None, torch.zeros(3, 4), torch.zeros(3, 4), micro_batches=2)
     with pytest.raises(ValueError, match="micro_batches must hold integers >= 1, got 0"):
         measure_wire_bytes(micro_batches=(1, 0))
+
+
+def test_q8_feedback_quotes_this_measurement(accumulation):
+    """Interview Q8's feedback quotes the chapter 05 table; the quoted ratios are this run's within 3 %."""
+    import re
+
+    from fsdp_lab.lessons.quiz import load_chapter_by_key
+
+    q8 = next(q for q in load_chapter_by_key("10").questions if q.id == "interview-q8")
+    text = next(o.feedback.en for o in q8.options if "Measured on the wire" in o.feedback.en)
+    quoted = re.search(r"FSDP/DDP = ([\d.]+), ([\d.]+), ([\d.]+) at K = 1, 2, 4", text)
+    assert quoted, text
+    for k, value in zip((1, 2, 4), map(float, quoted.groups())):
+        assert abs(value - accumulation[(k, True)]["measured_ratio"]) <= 0.03 * value, (k, value)
+    without = float(re.search(r"Without no_sync: ([\d.]+) at every K", text).group(1))
+    for k in (2, 4):
+        assert abs(without - accumulation[(k, False)]["measured_ratio"]) <= 0.03 * without, (k, without)
+    rho = float(re.search(r"ρ = ([\d.]+) here", text).group(1))
+    assert round(accumulation[(1, True)]["root_share"], 2) == rho
