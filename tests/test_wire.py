@@ -53,8 +53,11 @@ def accumulation():
     if problem:
         pytest.skip(problem)
     from fsdp_lab.lessons.experiments.wire import accumulation_table, measure_wire_bytes
-    rows = measure_wire_bytes(("FULL_SHARD", "NO_SHARD"), steps=1, micro_batches=(1, 2, 4), no_sync=(True, False))
-    return {(t["micro_batches"], t["no_sync"]): t for t in accumulation_table(rows)}
+    rows = measure_wire_bytes(("FULL_SHARD", "NO_SHARD", "torch_fsdp2", "torch_ddp"), steps=1, micro_batches=(1, 2, 4),
+                              no_sync=(True, False))
+    torch_rows = accumulation_table(rows, fsdp="torch_fsdp2", ddp="torch_ddp")
+    return {**{(t["micro_batches"], t["no_sync"]): t for t in accumulation_table(rows)},
+            **{("torch", t["micro_batches"], t["no_sync"]): t for t in torch_rows}}
 
 
 def test_accumulation_with_no_sync_sends_2k_plus_1_over_2_of_ddps_bytes(accumulation):
@@ -119,3 +122,18 @@ def test_q8_feedback_quotes_this_measurement(accumulation):
         assert abs(without - accumulation[(k, False)]["measured_ratio"]) <= 0.03 * without, (k, without)
     rho = float(re.search(r"ρ = ([\d.]+) here", text).group(1))
     assert round(accumulation[(1, True)]["root_share"], 2) == rho
+
+
+def test_torch_fsdp2_and_ddp_send_the_same_bytes(accumulation):
+    """torch's own fully_shard with set_requires_gradient_sync(False) on the first K-1 micro-batches, against
+    torch's DistributedDataParallel with no_sync(): the same ratio as fsdp_lab's, and FSDP2 sends what fsdp_lab's
+    FULL_SHARD sends (its root, too, stays gathered from forward to backward), within 3 %."""
+    for k in (1, 2, 4):
+        for quiet in (True, False):
+            if k == 1 and not quiet:
+                continue
+            theirs, ours = accumulation[("torch", k, quiet)], accumulation[(k, quiet)]
+            expected = theirs["formula_root_gloo"]
+            assert abs(theirs["measured_ratio"] - expected) <= 0.03 * expected, theirs
+            assert abs(theirs["fsdp_wire_bytes"] - ours["fsdp_wire_bytes"]) <= 0.03 * ours["fsdp_wire_bytes"], k
+            assert abs(theirs["ddp_wire_bytes"] - ours["ddp_wire_bytes"]) <= 0.03 * ours["ddp_wire_bytes"], k

@@ -110,19 +110,35 @@ def step_tensor_bytes(optimizer: torch.optim.Optimizer) -> int:
                if isinstance(s.get("step"), torch.Tensor))
 
 
-def accumulation_step(model: FSDP, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+@contextlib.contextmanager
+def gradient_sync_off(model):
+    """No gradient communication for the backwards inside: FSDP1's and DDP's `no_sync()`, or an FSDP2 model's
+    `set_requires_gradient_sync(False)` until the context ends."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def accumulation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                       micro_batches: int = 1, no_sync: bool = True) -> torch.Tensor:
     """One optimizer step over this rank's batch cut into `micro_batches` equal micro-batches; the mean loss
     (a 0-d tensor: the caller's .item() is what waits for the GPU).
 
     [Note: accumulation and no_sync] Each micro-batch's loss is divided by K, so the summed gradients are the
     whole batch's mean. With no_sync the first K-1 backwards run under `model.no_sync()` (torch FSDP1; FSDP2's
-    `set_requires_gradient_sync(False)`; DDP's `no_sync()`): gradients accumulate locally, unsharded, and only
-    the last backward reduces. FULL_SHARD still frees its parameters after each forward and backward (torch's
-    default, `reshard_after_backward=True`; the root alone stays gathered between its forward and backward), so
-    every micro-batch gathers twice: 2K gathers and one
+    `set_requires_gradient_sync(False)`; DDP's `no_sync()`; `model` may be any of them: see gradient_sync_off):
+    gradients accumulate locally, unsharded, and only the last backward reduces. FULL_SHARD still frees its
+    parameters after each forward and backward (torch's default, `reshard_after_backward=True`; the root alone stays
+    gathered between its forward and backward), so every micro-batch gathers twice: 2K gathers and one
     reduce-scatter per step, against DDP's one all-reduce, (2K+1)/2 of DDP's bytes. Without no_sync every
-    micro-batch also reduces (FSDP 3K passes, DDP 2K): the ratio stays 1.5 whatever K is."""
+    micro-batch also reduces (FSDP 3K passes, DDP 2K): the ratio stays 1.5 whatever K is. tests/test_wire.py
+    measures both on the wire, for fsdp_lab and for torch's own fully_shard and DistributedDataParallel."""
     k = micro_batches
     if x.shape[0] % k:
         raise ValueError(f"this rank's batch of {x.shape[0]} does not split into micro_batches={k} equal parts; "
@@ -130,7 +146,7 @@ def accumulation_step(model: FSDP, optimizer: torch.optim.Optimizer, x: torch.Te
     total = torch.zeros(())
     for i, (xs, ys) in enumerate(zip(x.chunk(k), y.chunk(k))):
         quiet = no_sync and i < k - 1
-        with model.no_sync() if quiet else contextlib.nullcontext():
+        with gradient_sync_off(model) if quiet else contextlib.nullcontext():
             loss = model(xs, ys)
             (loss / k).backward()
         total = total.to(loss.device) + loss.detach()

@@ -14,6 +14,7 @@ in fsdp_lab/lessons/experiments/common.py); every row names its `micro_batches` 
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import math
 import sys
@@ -28,7 +29,7 @@ from fsdp_lab.theory import formulas
 from fsdp_lab.observe.traffic import comm_summary
 from fsdp_lab.observe.wire import bring_loopback_up, isolation_problem, loopback_tx_bytes, run_isolated
 from fsdp_lab.training.launch import run_on_ranks
-from fsdp_lab.training.models import batch_for_step, rank_slice
+from fsdp_lab.training.models import batch_for_step, build_gpt, rank_slice
 
 BARRIER_SAMPLES = 5
 
@@ -50,27 +51,60 @@ def _variants(strategies: tuple, micro_batches: tuple, no_sync: tuple) -> list[t
             if quiet or k > 1 or True not in no_sync]
 
 
+TORCH_MODELS = ("torch_ddp", "torch_fsdp2")  # torch's own DistributedDataParallel and fully_shard, for comparison
+
+
+def _build(strategy: str, spec: RunSpec):
+    """fsdp_lab's FSDP for a sharding strategy; torch's DDP or FSDP2 (one fully_shard per Block, then the root) for
+    a TORCH_MODELS name, on the same weights."""
+    if strategy not in TORCH_MODELS:
+        return build_model(spec.with_(strategy=strategy))
+    model = build_gpt(config_for(spec.preset))
+    if strategy == "torch_ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def _root_share(model) -> float:
+    """The root unit's share of the parameters: fsdp_lab's from its unit table, torch's (unpadded) from the names."""
+    if hasattr(model, "units"):
+        units = unit_table(model)
+        return sum(u["padded_numel"] for u in units if u["is_root"]) / sum(u["padded_numel"] for u in units)
+    named = list((getattr(model, "module", model)).named_parameters())
+    return sum(p.numel() for n, p in named if not n.startswith("blocks.")) / sum(p.numel() for _, p in named)
+
+
 def _wire_rank(rank: int, world_size: int, spec: RunSpec, variants: list) -> dict:
     out = []
     cfg = config_for(spec.preset)
     barrier = min(_bracketed(rank, lambda: None) for _ in range(BARRIER_SAMPLES))
     for strategy, k, quiet in variants:
-        model = build_model(spec.with_(strategy=strategy))
+        model = _build(strategy, spec)
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-        tracer = trace_mod.Tracer(None, rank=rank, model=model, optimizer=opt)
-        model.set_tracer(tracer)
+        tracer = trace_mod.Tracer(None, rank=rank, model=model, optimizer=opt) if hasattr(model, "set_tracer") \
+            else None
+        if tracer:
+            model.set_tracer(tracer)
         wire = []
         for step in range(spec.steps):
             x, y = batch_for_step(cfg, step, spec.global_batch, spec.seq_len)
             x, y = rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)
             wire.append(_bracketed(rank, lambda: accumulation_step(model, opt, x, y, k, quiet)))
-        model.set_tracer(None)
-        tracer.close()
-        comm = comm_summary(tracer.events)
-        units = unit_table(model)
-        root = sum(u["padded_numel"] for u in units if u["is_root"]) / sum(u["padded_numel"] for u in units)
-        out.append({"wire": wire, "counted": comm.per_step(rank), "root_share": root,
-                    "by_collective": {s: comm.per_collective(rank, s) for s in range(spec.steps)}})
+        comm = None
+        if tracer:  # torch's models have no tracer: their rows carry wire bytes only
+            model.set_tracer(None)
+            tracer.close()
+            comm = comm_summary(tracer.events)
+        out.append({"wire": wire, "counted": comm.per_step(rank) if comm else {}, "root_share": _root_share(model),
+                    "by_collective": {s: comm.per_collective(rank, s) if comm else {} for s in range(spec.steps)}})
+        del model, opt  # its hooks and buffers go now, not during the next variant's step
+        gc.collect()
     return {"rank": rank, "barrier_bytes": barrier, "variants": out}
 
 
@@ -91,25 +125,27 @@ def _rows(per_rank: list, variants: list) -> list[dict]:
     return rows
 
 
-def accumulation_table(rows: list[dict], world_size: int = 2) -> list[dict]:
+def accumulation_table(rows: list[dict], world_size: int = 2, fsdp: str = "FULL_SHARD",
+                       ddp: str = "NO_SHARD") -> list[dict]:
     """One row per (K, no_sync): FSDP's and DDP's mean bytes on the wire per optimizer step, their ratio, and
     beside it `formulas.comm_bytes_ratio_fsdp_vs_ddp` three ways: the article's (2K+1)/2 (every parameter gathered
     twice, a ring reduce-scatter), with the root's share gathered once, and with gloo's two-pass reduce-scatter
-    as well (what this run should show)."""
+    as well (what this run should show). `fsdp`, `ddp`: which rows (e.g. "torch_fsdp2" and "torch_ddp")."""
     def mean(strategy, k, quiet, key="wire_bytes"):
         got = [r[key] for r in rows if (r["strategy"], r["micro_batches"], r["no_sync"]) == (strategy, k, quiet)]
         if not got:
-            raise ValueError(f"no {strategy} rows with micro_batches={k}, no_sync={quiet}: measure both FULL_SHARD "
-                             f"and NO_SHARD")
+            raise ValueError(f"no {strategy} rows with micro_batches={k}, no_sync={quiet}: measure both {fsdp} "
+                             f"and {ddp}")
         return sum(got) / len(got)
 
     table = []
-    for k, quiet in sorted({(r["micro_batches"], r["no_sync"]) for r in rows}, key=lambda kq: (not kq[1], kq[0])):
-        fsdp, ddp = mean("FULL_SHARD", k, quiet), mean("NO_SHARD", k, quiet)
-        root = mean("FULL_SHARD", k, quiet, "root_share")
+    for k, quiet in sorted({(r["micro_batches"], r["no_sync"]) for r in rows if r["strategy"] == fsdp},
+                           key=lambda kq: (not kq[1], kq[0])):
+        fsdp_bytes, ddp_bytes = mean(fsdp, k, quiet), mean(ddp, k, quiet)
+        root = mean(fsdp, k, quiet, "root_share")
         ratio = functools.partial(formulas.comm_bytes_ratio_fsdp_vs_ddp, world_size, micro_batches=k, no_sync=quiet)
-        table.append({"micro_batches": k, "no_sync": quiet, "fsdp_wire_bytes": round(fsdp),
-                      "ddp_wire_bytes": round(ddp), "measured_ratio": fsdp / ddp, "formula": ratio(),
+        table.append({"micro_batches": k, "no_sync": quiet, "fsdp_wire_bytes": round(fsdp_bytes),
+                      "ddp_wire_bytes": round(ddp_bytes), "measured_ratio": fsdp_bytes / ddp_bytes, "formula": ratio(),
                       "formula_root": ratio(root_share=root),
                       "formula_root_gloo": ratio(root_share=root, reduce_scatter_passes=2), "root_share": root})
     return table
