@@ -8,7 +8,8 @@ Each optimizer step runs K micro-batches, the first K-1 under no_sync() or not (
 in fsdp_lab/lessons/experiments/common.py); every row names its `micro_batches` and `no_sync`.
 
 `counted_bytes` is what the trace's ring formula says all ranks sent in that step (fsdp_lab/observe/traffic.py);
-`wire_bytes` is what the loopback interface carried, with the bracketing barriers' own bytes subtracted. Run as
+`wire_bytes` is what the loopback interface carried, with the bracketing barriers' own bytes subtracted, after one
+uncounted warm-up step per model. Run as
 `python -m fsdp_lab.lessons.experiments.wire` inside the namespace, it prints the rows as JSON.
 """
 from __future__ import annotations
@@ -87,6 +88,9 @@ def _wire_rank(rank: int, world_size: int, spec: RunSpec, variants: list) -> dic
     for strategy, k, quiet in variants:
         model = _build(strategy, spec)
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
+        x, y = batch_for_step(cfg, 0, spec.global_batch, spec.seq_len)  # a warm-up step, not counted: a fresh
+        accumulation_step(model, opt, rank_slice(x, rank, world_size), rank_slice(y, rank, world_size), k, quiet)
+        dist.barrier()  # model's first step can carry one-off traffic (lazy init, DDP's bucket rebuild)
         tracer = trace_mod.Tracer(None, rank=rank, model=model, optimizer=opt) if hasattr(model, "set_tracer") \
             else None
         if tracer:
