@@ -131,22 +131,23 @@ def _rows(per_rank: list, variants: list) -> list[dict]:
 
 def accumulation_table(rows: list[dict], world_size: int = 2, fsdp: str = "FULL_SHARD",
                        ddp: str = "NO_SHARD") -> list[dict]:
-    """One row per (K, no_sync): FSDP's and DDP's mean bytes on the wire per optimizer step, their ratio, and
+    """One row per (K, no_sync): FSDP's and DDP's bytes on the wire per optimizer step (the least over the steps
+    measured: noise only adds bytes, as ACKs and smaller segments on a loaded machine), their ratio, and
     beside it `formulas.comm_bytes_ratio_fsdp_vs_ddp` three ways: the article's (2K+1)/2 (every parameter gathered
     twice, a ring reduce-scatter), with the root's share gathered once, and with gloo's two-pass reduce-scatter
     as well (what this run should show). `fsdp`, `ddp`: which rows (e.g. "torch_fsdp2" and "torch_ddp")."""
-    def mean(strategy, k, quiet, key="wire_bytes"):
+    def least(strategy, k, quiet, key="wire_bytes"):
         got = [r[key] for r in rows if (r["strategy"], r["micro_batches"], r["no_sync"]) == (strategy, k, quiet)]
         if not got:
             raise ValueError(f"no {strategy} rows with micro_batches={k}, no_sync={quiet}: measure both {fsdp} "
                              f"and {ddp}")
-        return sum(got) / len(got)
+        return min(got)
 
     table = []
     for k, quiet in sorted({(r["micro_batches"], r["no_sync"]) for r in rows if r["strategy"] == fsdp},
                            key=lambda kq: (not kq[1], kq[0])):
-        fsdp_bytes, ddp_bytes = mean(fsdp, k, quiet), mean(ddp, k, quiet)
-        root = mean(fsdp, k, quiet, "root_share")
+        fsdp_bytes, ddp_bytes = least(fsdp, k, quiet), least(ddp, k, quiet)
+        root = least(fsdp, k, quiet, "root_share")
         ratio = functools.partial(formulas.comm_bytes_ratio_fsdp_vs_ddp, world_size, micro_batches=k, no_sync=quiet)
         table.append({"micro_batches": k, "no_sync": quiet, "fsdp_wire_bytes": round(fsdp_bytes),
                       "ddp_wire_bytes": round(ddp_bytes), "measured_ratio": fsdp_bytes / ddp_bytes, "formula": ratio(),
