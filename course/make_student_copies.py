@@ -13,7 +13,7 @@ and the student copy gets, at the same indentation,
     raise NotImplementedError("exNN name(): <the hint>")
 
 so the file still imports, its checks still run (reporting TODO), and nothing of the answer is left. Files
-whose names start with "_" (the check runner) and README.md are copied unchanged.
+whose names start with "_" (`_package.py`) and README.md are copied unchanged.
 
     python course/make_student_copies.py                 # → course/student/
     python course/make_student_copies.py --out /tmp/s    # anywhere else

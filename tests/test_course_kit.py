@@ -119,7 +119,97 @@ def test_bad_markers_are_refused_with_the_line(text, problem):
 def test_make_student_copies_cli(tmp_path):
     assert msc.main(["--out", str(tmp_path / "s")]) == 0
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(
-        [p.name for p in EXERCISES] + ["_checks.py", "README.md"])
+        [p.name for p in EXERCISES] + ["_package.py", "README.md"])
+
+
+# -- the exercises' checks are the package's ----------------------------------------------------------------
+def _wrong_pieces(numel, n):
+    size = -(-numel // n)
+    return [(r * size, (r + 1) * size) for r in range(n)]  # the padded in-memory layout
+
+
+def _wrong_reads(numel, saved_n, new_n, rank):
+    size = -(-numel // new_n)
+    lo, hi = min(rank * size, numel), min((rank + 1) * size, numel)
+    return [(s, max(lo, a), min(hi, b)) for s, (a, b) in
+            enumerate((min(r * -(-numel // saved_n), numel), min((r + 1) * -(-numel // saved_n), numel))
+                      for r in range(saved_n))]  # keeps the empty overlaps
+
+
+def _root_regathered(units, n, pb, rb):
+    return sum(v * pb * (n - 1) // n * 2 + v * rb * (n - 1) // n for v in units.values())
+
+
+WRONG = [  # (exercise, function, wrong version, check, words the message must say)
+    ("ex01_memory", "zero_bytes", lambda phi, n, stage: 16 * phi / n, "check_zero_stages",
+     "stage 1, Φ = 7,000,000,000 on 8 GPUs: you predicted 14,000,000,000 B but rank 0 holds 63,000,000,000 B"),
+    ("ex01_memory", "zero_bytes", lambda phi, n, stage: 16 * phi / n, "check_zero_stages",
+     "that is ZeRO-3's: everything is sharded"),
+    ("ex01_memory", "ddp_bytes", lambda phi: 8 * phi, "check_ddp", "AdamW's two moments are missing"),
+    ("ex01_memory", "zero_bytes", lambda phi, n, stage: 16 * phi, "check_against_a_measurement",
+     "that is the whole model's state: each of the 2 ranks keeps only 1/2 of parameters, gradients, AdamW state"),
+    ("ex01_memory", "n_min", lambda phi, gpu: int(16 * phi // gpu), "check_n_min", "rounded down"),
+    ("ex02_sharding", "padded_size", lambda numel, n: numel // n * n, "check_padding",
+     "49,408 elements on 3 ranks: you say 49407, the runtime pads to 49,410"),
+    ("ex02_sharding", "shard_range", lambda numel, n, r: (r * (numel // n), (r + 1) * (numel // n)), "check_ranges",
+     "unit blocks.0 (49,408 elements on 3 ranks): you say rank 0 holds [0, 16,469), its shard is "
+     "[0, 16,470); every chunk has padded_size / n = 49,410 / 3 = 16,470 elements (the padding counts)"),
+    ("ex02_sharding", "owners", lambda slots, name, n: [0], "check_owners", "a parameter can straddle two ranks"),
+    ("ex02_sharding", "gather_bytes_sent", lambda numel, n, w: numel * w, "check_gather_bytes_against_the_trace",
+     "that is the whole buffer: each rank already holds its own 1/N"),
+    ("ex03_lifecycle", "step_events", lambda blocks, s: [("gather", "<root>")] + [("gather", b) for b in blocks],
+     "check_full_shard_order", "beat 3 of step 1: you say gather:blocks.1, rank 0's trace has free:blocks.0"),
+    ("ex03_lifecycle", "bytes_sent_per_step", _root_regathered, "check_bill_against_the_trace",
+     "the root is not re-gathered: it stays gathered from its forward to its backward"),
+    ("ex06_checkpoint", "pieces", _wrong_pieces, "check_pieces",
+     "that is the padded layout the shards have in memory; the checkpoint stores unpadded pieces"),
+    ("ex06_checkpoint", "reads", _wrong_reads, "check_everything_is_read_once", "read nothing: leave out empty"),
+    ("ex08_minifsdp", "shard", lambda layer, n: __import__("numpy").array_split(layer, n), "check_round_trip",
+     "your chunks have [1025, 1024, 1024, 1024] elements, each should have 1,025 (padded to 4,100)"),
+    ("ex08_minifsdp", "reduce_scatter_mean",
+     lambda grads, n: [c * n for c in __import__("numpy").split(__import__("numpy").pad(
+         __import__("numpy").mean(grads, axis=0), (0, -len(grads[0]) % n)), n)],
+     "check_reduce_scatter", "that is the sum of the ranks' chunks: divide by world_size=4"),
+    ("ex08_minifsdp", "all_gather", lambda chunks, numel: __import__("numpy").concatenate(chunks),
+     "check_round_trip", "3 padding element(s) are still on the end: cut to numel"),
+]
+
+
+@pytest.mark.parametrize("exercise, name, wrong, check, says", WRONG, ids=[f"{w[0]}-{w[1]}" for w in WRONG])
+def test_a_wrong_solution_is_told_what_is_wrong(exercise, name, wrong, check, says):
+    """Each exercise's check, given a usual mistake, fails with a message naming it (fsdp_lab's checks say it)."""
+    module = _import(COURSE / "exercises" / f"{exercise}.py", f"wrong_{exercise}_{name}")
+    verdict = getattr(module, check)()
+    assert verdict.ok, verdict  # the reference solution passes
+    setattr(module, name, wrong)
+    verdict = getattr(module, check)()
+    assert not verdict.ok and not verdict.todo and says in verdict.message, verdict.message
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.name)
+def test_exercise_checks_are_the_packages(path):
+    """No check logic of its own: every check_* hands back a Verdict of fsdp_lab's checks, and none asserts."""
+    from fsdp_lab.lessons.live.checks import Verdict
+
+    source = path.read_text()
+    assert "assert " not in source and "AssertionError" not in source, path.name
+    module = _import(path, f"own_{path.stem}")
+    found = [fn for name, fn in vars(module).items() if name.startswith("check_")]
+    assert found and all(isinstance(fn(), Verdict) for fn in found), path.name
+
+
+def test_a_learners_wrong_file_reports_from_the_terminal(student_dir, tmp_path):
+    """`python ex02_sharding.py` on a learner's file: FAIL, with what is wrong, and exit code 1."""
+    text = (student_dir / "ex02_sharding.py").read_text()
+    stub = re.search(r"( *)raise NotImplementedError\('ex02_sharding shard_range\(\).*\)\n", text)
+    learner = text.replace(stub.group(0), f"{stub.group(1)}return rank * (numel // n), (rank + 1) * (numel // n)\n")
+    for name in ("ex02_sharding.py", "_package.py"):
+        (tmp_path / name).write_text(learner if name.startswith("ex") else (student_dir / name).read_text())
+    done = subprocess.run([sys.executable, "ex02_sharding.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "FAIL  On 3 ranks the tiny block is cut" in done.stdout
+    assert "every chunk has padded_size / n" in done.stdout and "1 failed, 3 not implemented yet" in done.stdout
 
 
 # -- syllabus -----------------------------------------------------------------------------------------------

@@ -129,6 +129,20 @@ def test_q8_ratio_in_bytes_depends_on_dtypes_and_micro_batches():
         F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=0)
 
 
+def test_q8_accumulation_ratio_without_no_sync_root_and_gloo():
+    """Without no_sync both reduce every micro-batch (1.5 for any K); the root's share is gathered once per
+    micro-batch, not twice; gloo's reduce-scatter costs two passes."""
+    n = 2
+    for k in (1, 2, 4):
+        assert F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=k, no_sync=False) == 1.5
+        assert F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=k, reduce_scatter_passes=2) == k + 1
+        assert F.comm_bytes_ratio_fsdp_vs_ddp(n, micro_batches=k, root_share=0.5) == pytest.approx((1.5 * k + 1) / 2)
+    with pytest.raises(ValueError, match=r"root_share must be a number in \[0, 1\), got 1"):
+        F.comm_bytes_ratio_fsdp_vs_ddp(n, root_share=1)
+    with pytest.raises(ValueError, match="no_sync must be True or False, got 'yes'"):
+        F.comm_bytes_ratio_fsdp_vs_ddp(n, no_sync="yes")
+
+
 def test_zero_paper_accounting_differs_from_the_articles_for_stage_2():
     """The ZeRO paper's Figure 1 (Ψ = 7.5B, N = 64): 120, 31.4, 16.6, 1.9 GB; its P_os+g is 2Ψ + 14Ψ/N."""
     gb = [F.m_zero_paper(stage, 7.5e9, 64) / 1e9 for stage in range(4)]

@@ -57,3 +57,28 @@ def test_after_forward_and_granularity_and_reduce_scatter_explain_the_mistake(sa
     assert "that is your own gradient's slice" in out["rs"]["own"]
     assert "differ at step 1: 0.500000 against 0.600000" in out["losses"]["wrong"]
     assert out["ratio"]["inverted"].startswith("not yet: that is NO_SHARD over FULL_SHARD")
+
+
+def test_the_live_message_is_the_exercise_message(said):
+    """One implementation: the live shard_range check on rank 1's model and the terminal exercise's core on the
+    runtime's padding (course/exercises/ex02_sharding.py) say the same words for the same mistake."""
+    from fsdp_lab.lessons.live.checks import chunks_of, shard_range_of
+
+    def unpadded(numel, n, r):
+        return r * (numel // n), (r + 1) * (numel // n) - 1
+
+    chunks = [c for c in chunks_of("blocks.0", 49_408, 2) if c.rank == 1]
+    assert said[1]["shard"]["wrong"] == str(shard_range_of(unpadded, chunks))
+
+
+def test_reduce_scatter_check_pads_as_the_runtime_does():
+    """5 elements on 2 ranks: each rank keeps 3 (one zero of padding on rank 1); the check knows the padding."""
+    import torch
+
+    from fsdp_lab.lessons.live.checks import reduce_scatter_mean
+
+    grads = [torch.arange(5.0), torch.arange(5.0) * 3]
+    mean = torch.cat([(grads[0] + grads[1]) / 2, torch.zeros(1)])
+    assert reduce_scatter_mean(mean[3:], grads, 1).ok
+    assert "each rank keeps 1/2 (5 padded to 6): 3" in str(reduce_scatter_mean(mean[2:], grads, 1))
+    assert "that is the sum of the ranks' chunks" in str(reduce_scatter_mean(mean[3:] * 2, grads, 1))

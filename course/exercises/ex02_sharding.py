@@ -5,7 +5,9 @@ elements [r·S, (r+1)·S) with S = padded / N. Run: python ex02_sharding.py
 """
 import sys
 
-from _checks import run
+import _package  # noqa: F401  (fsdp_lab from this checkout)
+from fsdp_lab.lessons import exercises
+from fsdp_lab.lessons.live import checks
 
 # The tiny GPT's block as (name, number of elements), in flat-buffer order (see notebook 02).
 TINY_BLOCK = [("ln1.weight", 64), ("ln1.bias", 64), ("attn.qkv.weight", 12288), ("attn.proj.weight", 4096),
@@ -59,22 +61,20 @@ def gather_bytes_sent(numel: int, n: int, bytes_per_element: int) -> int:
 
 
 def check_padding():
-    """The tiny block (49,408 elements) needs 2 zeros on 3 ranks and none on 2 or 4"""
-    got = [padded_size(49_408, n) for n in (2, 3, 4)]
-    assert got == [49_408, 49_410, 49_408], f"expected [49408, 49410, 49408], got {got}"
+    """The tiny block (49,408 elements) needs 2 zeros on 3 ranks and none on 2 or 4; 5 elements on 4 ranks need 3"""
+    return exercises.all_of(exercises.padded_sizes(padded_size, 49_408, (2, 3, 4)),
+                            exercises.padded_sizes(padded_size, 5, (4,)))
 
 
 def check_ranges():
-    """On 3 ranks the tiny block is cut into three chunks of 16,470 elements"""
-    got = [shard_range(49_408, 3, r) for r in range(3)]
-    assert got == [(0, 16_470), (16_470, 32_940), (32_940, 49_410)], f"got {got}"
+    """On 3 ranks the tiny block is cut into three chunks of 16,470 elements (and likewise on 2 and 4 ranks)"""
+    layouts = [c for n in (2, 3, 4) for c in checks.chunks_of("blocks.0", 49_408, n)]
+    return checks.shard_range_of(shard_range, layouts + checks.chunks_of("five", 5, 4))
 
 
 def check_owners():
     """On 3 ranks the qkv weight sits on rank 0 only, the MLP's first weight straddles ranks 1 and 2"""
-    assert owners(TINY_BLOCK, "attn.qkv.weight", 3) == [0], owners(TINY_BLOCK, "attn.qkv.weight", 3)
-    assert owners(TINY_BLOCK, "mlp.fc.weight", 3) == [1, 2], owners(TINY_BLOCK, "mlp.fc.weight", 3)
-    assert owners(TINY_BLOCK, "ln1.weight", 1) == [0]
+    return exercises.all_of(*(exercises.owners(owners, TINY_BLOCK, n) for n in (1, 2, 3, 4)))
 
 
 def check_gather_bytes_against_the_trace():
@@ -82,10 +82,9 @@ def check_gather_bytes_against_the_trace():
     # From `fsdp-lab train --nproc-per-node N --steps 3 --trace DIR [--mixed-precision bf16]`: the gather_end event
     # of unit blocks.0 on rank 0 reports these bytes_sent (fp32 at N=2 and N=4, bf16 at N=2).
     measured = {(2, 4): 98_816, (4, 4): 148_224, (2, 2): 49_408}
-    for (n, width), sent in measured.items():
-        got = gather_bytes_sent(49_408, n, width)
-        assert got == sent, f"N={n}, {width}-byte elements: expected {sent}, got {got}"
+    return exercises.all_of(*(exercises.gather_bytes(gather_bytes_sent, 49_408, n, width, sent)
+                              for (n, width), sent in measured.items()))
 
 
 if __name__ == "__main__":
-    sys.exit(run(globals()))
+    sys.exit(exercises.run(globals()))

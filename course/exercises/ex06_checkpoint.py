@@ -7,7 +7,8 @@ Run: python ex06_checkpoint.py
 """
 import sys
 
-from _checks import run
+import _package  # noqa: F401  (fsdp_lab from this checkout)
+from fsdp_lab.lessons import exercises
 
 
 def pieces(numel: int, n: int) -> list:
@@ -35,29 +36,24 @@ def reads(numel: int, saved_n: int, new_n: int, rank: int) -> list:
 
 def check_pieces():
     """10 elements on 4 ranks: 3, 3, 3 and 1; 5 elements on 4 ranks leave the last rank empty"""
-    assert pieces(10, 4) == [(0, 3), (3, 6), (6, 9), (9, 10)], pieces(10, 4)
-    assert pieces(5, 4) == [(0, 2), (2, 4), (4, 5), (5, 5)], pieces(5, 4)
+    return exercises.all_of(exercises.checkpoint_pieces(pieces, 10, 4), exercises.checkpoint_pieces(pieces, 5, 4))
 
 
 def check_four_to_two():
     """The tiny block (49,408 elements) saved by 4 ranks: new rank 1 of 2 reads saved ranks 2 and 3"""
-    assert reads(49_408, 4, 2, 1) == [(2, 24_704, 37_056), (3, 37_056, 49_408)], reads(49_408, 4, 2, 1)
+    return exercises.checkpoint_reads(reads, 49_408, 4, 2)
 
 
 def check_uneven():
     """10 elements, 4 → 3 ranks: new rank 1 reads parts of saved ranks 1 and 2"""
-    assert reads(10, 4, 3, 1) == [(1, 4, 6), (2, 6, 8)], reads(10, 4, 3, 1)
+    return exercises.checkpoint_reads(reads, 10, 4, 3)
 
 
 def check_everything_is_read_once():
     """For any world sizes, the new ranks together read every element exactly once"""
-    for numel in (1, 7, 49_408):
-        for saved_n in (1, 2, 3, 4):
-            for new_n in (1, 2, 3, 4):
-                covered = sorted((a, b) for r in range(new_n) for _s, a, b in reads(numel, saved_n, new_n, r))
-                total = sum(b - a for a, b in covered)
-                assert total == numel, f"numel {numel}, {saved_n} → {new_n}: read {total} elements"
+    return exercises.all_of(*(exercises.checkpoint_reads(reads, numel, saved_n, new_n) for numel in (1, 7, 49_408)
+                              for saved_n in (1, 2, 3, 4) for new_n in (1, 2, 3, 4)))
 
 
 if __name__ == "__main__":
-    sys.exit(run(globals()))
+    sys.exit(exercises.run(globals()))

@@ -6,8 +6,11 @@ divide. Here every layer is padded to a multiple of N first, as fsdp_lab does. R
 import sys
 
 import numpy as np
+import torch
 
-from _checks import run
+import _package  # noqa: F401  (fsdp_lab from this checkout)
+from fsdp_lab.lessons import exercises
+from fsdp_lab.lessons.live import checks
 
 
 def shard(layer: np.ndarray, n: int) -> list:
@@ -38,8 +41,17 @@ def check_round_trip():
     """A 4,097-element layer on 4 ranks: 3 zeros of padding, and the gather gives the layer back"""
     layer = np.arange(4097, dtype=np.float64)
     chunks = shard(layer, 4)
-    assert [len(c) for c in chunks] == [1025] * 4, [len(c) for c in chunks]
-    assert np.array_equal(all_gather(chunks, 4097), layer)
+    return exercises.all_of(exercises.padded_chunks(chunks, layer, 4),
+                            exercises.gathered(all_gather(chunks, 4097), layer))
+
+
+def check_reduce_scatter():
+    """Each rank's chunk of the reduce-scattered gradient is its chunk of the mean (padding included)"""
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(4097) for _ in range(4)]
+    mine = reduce_scatter_mean(grads, 4)
+    return exercises.all_of(*(checks.reduce_scatter_mean(torch.from_numpy(np.asarray(mine[r])),
+                                                         [torch.from_numpy(g) for g in grads], r) for r in range(4)))
 
 
 def check_sharded_step_equals_plain_step():
@@ -49,9 +61,8 @@ def check_sharded_step_equals_plain_step():
     layer = rng.standard_normal(4097)
     grads = [rng.standard_normal(4097) for _ in range(n)]
     shards = [s - lr * g for s, g in zip(shard(layer, n), reduce_scatter_mean(grads, n))]
-    expected = layer - lr * np.mean(grads, axis=0)
-    assert np.allclose(all_gather(shards, 4097), expected), "the sharded step differs from the plain step"
+    return exercises.gathered(all_gather(shards, 4097), layer - lr * np.mean(grads, axis=0), rel=1e-9)
 
 
 if __name__ == "__main__":
-    sys.exit(run(globals()))
+    sys.exit(exercises.run(globals()))

@@ -81,21 +81,35 @@ def comm_ratio_fsdp_vs_ddp(n):
     return c_step_exact(1, n) / c_ddp(1, n)
 
 
-def comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=4, reduce_bytes=4, ddp_bytes=4, micro_batches=1):
+def comm_bytes_ratio_fsdp_vs_ddp(n, param_bytes=4, reduce_bytes=4, ddp_bytes=4, micro_batches=1, no_sync=True,
+                                 root_share=0.0, reduce_scatter_passes=1):
     """FULL_SHARD's bytes per optimizer step over DDP's: when Q8's 1.5 holds, counted in BYTES.
 
-    FSDP per micro-batch gathers twice in `param_bytes` (forward, backward re-gather) and, with gradient sync off
-    between micro-batches (no_sync), reduce-scatters once per step in `reduce_bytes`; DDP all-reduces its
-    gradients once per step (no_sync) in `ddp_bytes` (fp32 under autocast: its parameters stay fp32). So
+    FSDP per micro-batch gathers twice in `param_bytes` (forward, backward re-gather). With gradient sync off
+    between micro-batches (`no_sync`: FSDP1's no_sync(), FSDP2's set_requires_gradient_sync(False), DDP's
+    no_sync()) FSDP reduce-scatters once per step in `reduce_bytes` and DDP all-reduces once in `ddp_bytes`
+    (fp32 under autocast: its parameters stay fp32). So
         ratio = (2K·param_bytes + reduce_bytes) / (2·ddp_bytes)
     Equal dtypes, K = 1: 1.5 (the article). bf16 params, fp32 reduce vs fp32 DDP: 8/8 = 1.0. bf16 params and
-    reduce: 6/8 = 0.75. K micro-batches, one dtype: (2K+1)/2."""
-    _check(n=n, param_bytes=param_bytes, reduce_bytes=reduce_bytes, ddp_bytes=ddp_bytes, micro_batches=micro_batches)
+    reduce: 6/8 = 0.75. K micro-batches, one dtype: (2K+1)/2. Without no_sync both reduce every micro-batch:
+    (2K·param_bytes + K·reduce_bytes) / (2K·ddp_bytes), 1.5 whatever K is.
+    Two departures a real run shows: `root_share` (Φ_root/Φ) of the parameters is never re-gathered, since the
+    root stays gathered from forward to backward (torch FSDP1 and FSDP2), so a micro-batch gathers 2 − root_share
+    passes; and `reduce_scatter_passes` is 1 for a ring reduce-scatter (NCCL) but 2 on gloo, whose
+    reduce-scatter sends an all-reduce's bytes (tests/test_wire.py)."""
+    _check(n=n, param_bytes=param_bytes, reduce_bytes=reduce_bytes, ddp_bytes=ddp_bytes, micro_batches=micro_batches,
+           reduce_scatter_passes=reduce_scatter_passes)
+    if isinstance(root_share, bool) or not isinstance(root_share, Real) or not 0 <= root_share < 1:
+        raise ValueError(f"root_share must be a number in [0, 1), got {root_share!r}")
+    if not isinstance(no_sync, bool):
+        raise ValueError(f"no_sync must be True or False, got {no_sync!r}")
     if n == 1:
         raise ValueError("the comm ratio needs n >= 2: with n=1 neither FSDP nor DDP communicates")
     k = micro_batches
-    fsdp = c_gather(1, n, param_bytes) * 2 * k + c_gather(1, n, reduce_bytes)
-    return _exact(fsdp / c_ddp(1, n, ddp_bytes))
+    reduces = 1 if no_sync else k
+    gathers = c_gather(1, n, param_bytes) * (2 - root_share) * k
+    fsdp = gathers + c_gather(1, n, reduce_bytes) * reduce_scatter_passes * reduces
+    return _exact(fsdp / (c_ddp(1, n, ddp_bytes) * reduces))
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,21 @@
 """Checks for the chapters' "Your turn" exercises: run on each live rank against the learner's own model, trace or
 numbers, and say what is wrong, not only that something is.
 
-Each returns a Verdict, which prints as "ok: ..." or "not yet: ...". The pure-Python versions of several of these
-exercises are in course/exercises/ (ex01 memory, ex02 sharding, ex03 lifecycle); these checks compare the same
-functions with the live run instead of with recorded numbers.
+Each returns a Verdict, which prints as "ok: ..." or "not yet: ...". [Note: one check, two callers] A check's
+core takes plain numbers (`state_bytes_of`, `shard_range_of`, `beat_order_of`); the live form reads them from the
+rank's own model or trace. The terminal exercises in course/exercises/ call the same cores with numbers recorded
+from a run or computed by the runtime's own layout code (fsdp_lab/lessons/exercises.py runs them), so a wrong
+answer gets the same explanation in a notebook and in a terminal.
 """
 from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from fsdp_lab.runtime.flat_param import padded_size
 from fsdp_lab.runtime.memory import memory_report
 
 ROOT = "<root>"
@@ -22,6 +25,7 @@ ROOT = "<root>"
 class Verdict:
     ok: bool
     message: str
+    todo: bool = False  # the learner's function is not written yet (it raised NotImplementedError)
 
     def __str__(self) -> str:
         return ("ok: " if self.ok else "not yet: ") + self.message
@@ -29,54 +33,96 @@ class Verdict:
     __repr__ = __str__
 
 
-def _close(a: float, b: float, rel: float = 0.01) -> bool:
+def close_to(a: float, b: float, rel: float = 0.01) -> bool:
     return abs(a - b) <= rel * max(abs(b), 1)
+
+
+def not_written(name: str, err: NotImplementedError) -> Verdict:
+    return Verdict(False, f"{name} is not written yet" + (f" ({err})" if str(err) else ""), todo=True)
+
+
+def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: int, world_size: int,
+                   rank: int = 0, full: Optional[tuple] = None, hints: Sequence[tuple] = ()) -> Verdict:
+    """`predicted` against a rank's measured params + grads + optimizer state. `full`: the three unsharded (default:
+    each times world_size); `hints`: more (value, why) pairs, tried first."""
+    n, measured = world_size, params + grads + optimizer_state
+    full = full or (params * n, grads * n, optimizer_state * n)
+    parts = f"{params:,.0f} params + {grads:,.0f} grads + {optimizer_state:,.0f} AdamW"
+    if close_to(predicted, measured):
+        return Verdict(True, f"you predicted {predicted:,.0f} B; rank {rank} holds {measured:,.0f} B\n  = {parts}")
+    sharded = [name for name, part, whole in zip(("parameters", "gradients", "AdamW state"),
+                                                 (params, grads, optimizer_state), full) if part != whole]
+    known = [*hints,
+             (sum(full), f"that is the whole model's state: each of the {n} ranks keeps only 1/{n} of "
+                         f"{', '.join(sharded) or 'nothing'}"),
+             (params, "that is the parameters only: the gradients (4 B each) and AdamW's two moments (8 B) count "
+                      "too"),
+             (params + grads, "AdamW's two moments are missing: 8 B per parameter"),
+             (params + optimizer_state, "the gradients are missing: 4 B per parameter, kept after the step"),
+             (measured / 2, "half of what the rank holds: AdamW keeps two moments, 4 B each")]
+    why = next((text for value, text in known if close_to(predicted, value) and not close_to(value, measured)), "")
+    return Verdict(False, f"you predicted {predicted:,.0f} B but rank {rank} holds {measured:,.0f} B\n  = {parts}"
+                          + (f"\n  {why}" if why else ""))
 
 
 def state_bytes(predicted: float, model, optimizer) -> Verdict:
     """`predicted`: the bytes of parameters, gradients and optimizer state one rank holds after a step."""
     mem = memory_report(model, optimizer)
-    n = model.world_size
-    parts = f"{mem.params_sharded + mem.params_unsharded:,} params + {mem.grads_sharded + mem.grads_unsharded:,} " \
-            f"grads + {mem.optimizer_state:,} AdamW"
-    measured = mem.total
-    if _close(predicted, measured):
-        return Verdict(True, f"you predicted {predicted:,.0f} B; rank {model.rank} holds {measured:,} B\n  = {parts}")
-    params, grads = mem.params_sharded + mem.params_unsharded, mem.grads_sharded + mem.grads_unsharded
-    hints = [(measured * n, f"that is the whole model's state: each of the {n} ranks keeps only 1/{n} of it"),
-             (params, "that is the parameters only: the gradients (4 B each) and AdamW's two moments (8 B) are "
-                      "sharded too"),
-             (params + grads, "AdamW's two moments are missing: 8 B per parameter"),
-             (params + mem.optimizer_state, "the gradients are missing: 4 B per parameter, kept after the step"),
-             (measured / 2, "half of what the rank holds: AdamW keeps two moments, 4 B each")]
-    why = next((text for value, text in hints if _close(predicted, value)), "")
-    return Verdict(False, f"you predicted {predicted:,.0f} B but rank {model.rank} holds {measured:,} B\n  = {parts}"
-                          + (f"\n  {why}" if why else ""))
+    return state_bytes_of(predicted, mem.params_sharded + mem.params_unsharded,
+                          mem.grads_sharded + mem.grads_unsharded, mem.optimizer_state, model.world_size, model.rank)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Where one rank's shard of one unit's flat buffer lies: [shard_offset, shard_offset + shard_numel)."""
+
+    unit: str
+    numel: int
+    world_size: int
+    rank: int
+    padded_numel: int
+    shard_offset: int
+    shard_numel: int
+
+
+def chunks_of(unit: str, numel: int, world_size: int) -> list:
+    """Every rank's Chunk of a `numel`-element flat buffer, padded as the runtime pads it (flat_param.padded_size)."""
+    padded = padded_size(numel, world_size)
+    size = padded // world_size
+    return [Chunk(unit, numel, world_size, r, padded, r * size, size) for r in range(world_size)]
+
+
+def shard_range_of(fn: Callable[[int, int, int], tuple], chunks: Sequence[Chunk]) -> Verdict:
+    """`fn(numel, n, rank) -> (start, stop)` against each Chunk; the first wrong one is explained."""
+    for c in chunks:
+        want = (c.shard_offset, c.shard_offset + c.shard_numel)
+        try:
+            got = tuple(fn(c.numel, c.world_size, c.rank))
+        except NotImplementedError as err:
+            return not_written("shard_range", err)
+        if got == want:
+            continue
+        where = f"unit {c.unit} ({c.numel:,} elements on {c.world_size} ranks)"
+        if len(got) != 2:
+            return Verdict(False, f"{where}: shard_range must return (start, stop), got {got!r}")
+        if got[1] - got[0] != c.shard_numel:
+            why = (f"every chunk has padded_size / n = {c.padded_numel:,} / {c.world_size} = {c.shard_numel:,} "
+                   f"elements (the padding counts)")
+        else:
+            why = f"the chunk has the right size but starts at the wrong place: rank r starts at r · " \
+                  f"{c.shard_numel:,}"
+        return Verdict(False, f"{where}: you say rank {c.rank} holds [{got[0]:,}, {got[1]:,}), its shard "
+                              f"is [{want[0]:,}, {want[1]:,}); {why}")
+    units = ", ".join(dict.fromkeys(f"{c.unit} on {c.world_size}" for c in chunks))
+    return Verdict(True, f"all {len(chunks)} chunks are where you said ({units})")
 
 
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer."""
-    for unit in model.units:
-        for flat in unit.flats:
-            want = (flat.shard_offset, flat.shard_offset + flat.shard_numel)
-            try:
-                got = tuple(fn(flat.numel, flat.world_size, flat.rank))
-            except NotImplementedError:
-                return Verdict(False, "shard_range is not written yet")
-            if got == want:
-                continue
-            where = f"unit {unit.name} ({flat.numel:,} elements on {flat.world_size} ranks)"
-            if len(got) != 2:
-                return Verdict(False, f"{where}: shard_range must return (start, stop), got {got!r}")
-            if got[1] - got[0] != flat.shard_numel:
-                why = (f"every chunk has padded_size / n = {flat.padded_numel:,} / {flat.world_size} = "
-                       f"{flat.shard_numel:,} elements (the padding counts)")
-            else:
-                why = f"the chunk has the right size but starts at the wrong place: rank r starts at r · " \
-                      f"{flat.shard_numel:,}"
-            return Verdict(False, f"{where}: you say rank {flat.rank} holds [{got[0]:,}, {got[1]:,}), its shard "
-                                  f"is [{want[0]:,}, {want[1]:,}); {why}")
-    return Verdict(True, f"rank {model.rank}'s chunk of every unit is where you said it is")
+    chunks = [Chunk(unit.name, flat.numel, flat.world_size, flat.rank, flat.padded_numel, flat.shard_offset,
+                    flat.shard_numel) for unit in model.units for flat in unit.flats]
+    verdict = shard_range_of(fn, chunks)
+    return Verdict(True, f"rank {model.rank}'s chunk of every unit is where you said it is") if verdict.ok else verdict
 
 
 _BEAT_EVENTS = {"gather_start": "gather", "regather_start": "regather", "free": "free",
@@ -89,17 +135,16 @@ def beats_of_step(events: Sequence[dict], rank: int, step: int) -> list:
             if e["rank"] == rank and e["step"] == step and e["event"] in _BEAT_EVENTS]
 
 
-def beat_order(fn: Callable[[list, str], list], events: Sequence[dict], strategy: str) -> Verdict:
-    """`fn(blocks, strategy) -> [(event, unit), ...]`: one step's beats, compared with the learner's own trace."""
-    if not events:
-        return Verdict(False, "the trace is empty: attach the tracer before the training step")
-    rank, step = events[0]["rank"], max(e["step"] for e in events if e["event"] != "optimizer_step")
-    want = beats_of_step(events, rank, step)
+def beat_order_of(fn: Callable[[list, str], list], want: Sequence[tuple], strategy: str, rank: int = 0,
+                  step: int = 0) -> Verdict:
+    """`fn(blocks, strategy)` against `want`, the (event, unit) beats of one step (from beats_of_step, or recorded);
+    the first beat that differs is named."""
+    want = [tuple(pair) for pair in want]
     blocks = list(dict.fromkeys(u for _e, u in want if u != ROOT))
     try:
         got = [tuple(pair) for pair in fn(blocks, strategy)]
-    except NotImplementedError:
-        return Verdict(False, "step_events is not written yet")
+    except NotImplementedError as err:
+        return not_written("step_events", err)
     if got == want:
         return Verdict(True, f"{len(want)} beats of step {step} on rank {rank}, in the order the trace has them")
     k = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
@@ -107,7 +152,15 @@ def beat_order(fn: Callable[[list, str], list], events: Sequence[dict], strategy
     happened = ":".join(want[k]) if k < len(want) else "nothing more"
     order = textwrap.wrap(" ".join(f"{e}:{u}" for e, u in want), 90)
     return Verdict(False, f"beat {k + 1} of step {step}: you say {said}, rank {rank}'s trace has {happened}.\n"
-                          f"The trace's order:\n  " + "\n  ".join(order))
+                          f"The trace's order ({strategy}):\n  " + "\n  ".join(order))
+
+
+def beat_order(fn: Callable[[list, str], list], events: Sequence[dict], strategy: str) -> Verdict:
+    """`fn(blocks, strategy) -> [(event, unit), ...]`: one step's beats, compared with the learner's own trace."""
+    if not events:
+        return Verdict(False, "the trace is empty: attach the tracer before the training step")
+    rank, step = events[0]["rank"], max(e["step"] for e in events if e["event"] != "optimizer_step")
+    return beat_order_of(fn, beats_of_step(events, rank, step), strategy, rank, step)
 
 
 def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32) -> Verdict:
@@ -131,7 +184,7 @@ def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float3
 def gathered_after_forward(predicted: float, report, model) -> Verdict:
     """`predicted`: params_unsharded bytes right after the forward (`report`: memory_report then)."""
     measured = report.params_unsharded
-    if _close(predicted, measured):
+    if close_to(predicted, measured):
         return Verdict(True, f"{measured:,} B of gathered parameters wait for the backward under "
                              f"{model.sharding_strategy.name}")
     full = sum(4 * flat.padded_numel for unit in model.units for flat in unit.flats)
@@ -139,7 +192,7 @@ def gathered_after_forward(predicted: float, report, model) -> Verdict:
     hints = [(full / model.world_size, "that is a shard: the gathered copy is the whole unit, every rank's chunk"),
              (root, "that is the root alone, what FULL_SHARD keeps; this strategy frees nothing after forward"),
              (full, "that is every unit gathered, which is what SHARD_GRAD_OP keeps; is this model FULL_SHARD?")]
-    why = next((text for value, text in hints if _close(predicted, value) and not _close(value, measured)), "")
+    why = next((text for value, text in hints if close_to(predicted, value) and not close_to(value, measured)), "")
     return Verdict(False, f"you predicted {predicted:,.0f} B but {measured:,} B are gathered after the forward "
                           f"under {model.sharding_strategy.name}" + (f": {why}" if why else ""))
 
@@ -159,28 +212,44 @@ def wrapped_units(model, block_cls: type) -> Verdict:
                              f"more than once" if inside else ""))
 
 
+def _shown(t: torch.Tensor) -> str:
+    values = [round(v, 3) for v in t[:8].tolist()]
+    return f"{values}" if t.numel() <= 8 else f"{values[:4]} ... ({t.numel():,} values)"
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to float32 rounding (the ranks reduce in float32; a reference may sum in another order)."""
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank: int) -> Verdict:
-    """`mine`: this rank's chunk of the average of every rank's gradient (`grads`: each rank's full gradient)."""
+    """`mine`: this rank's chunk of the average of every rank's gradient (`grads`: each rank's full gradient),
+    the gradient padded with zeros to a multiple of the world size first, as the runtime pads it."""
     n = len(grads)
-    total = torch.stack([g.float() for g in grads]).sum(0)
+    numel = grads[0].numel()
+    total = torch.zeros(padded_size(numel, n), dtype=torch.float64)
+    total[:numel] = torch.stack([g.double().flatten() for g in grads]).sum(0)
     size = total.numel() // n
     want = total[rank * size:(rank + 1) * size] / n
-    mine = mine.float().flatten()
+    mine = mine.double().flatten()
     if mine.numel() != size:
-        return Verdict(False, f"your chunk has {mine.numel()} elements; each rank keeps 1/{n}: {size}")
-    if torch.allclose(mine, want):
-        return Verdict(True, f"rank {rank} holds the mean of chunk {rank}: {[round(v, 3) for v in want.tolist()]}")
-    if torch.allclose(mine, want * n):
+        pad = f" ({numel:,} padded to {total.numel():,})" if total.numel() != numel else ""
+        return Verdict(False, f"your chunk has {mine.numel()} elements; each rank keeps 1/{n}{pad}: {size}")
+    if _same(mine, want):
+        return Verdict(True, f"rank {rank} holds the mean of chunk {rank}: {_shown(want)}")
+    if _same(mine, want * n):
         return Verdict(False, f"that is the sum of the ranks' chunks: divide by world_size={n} (gloo's "
                               f"reduce-scatter has no AVG)")
-    own = grads[rank].float()[rank * size:(rank + 1) * size]
-    if torch.allclose(mine, own):
+    own = torch.zeros(total.numel(), dtype=torch.float64)
+    own[:numel] = grads[rank].double().flatten()
+    own = own[rank * size:(rank + 1) * size]
+    if _same(mine, own):
         return Verdict(False, "that is your own gradient's slice: no rank's contribution was added (call "
                               "dist.reduce_scatter)")
     for k in range(n):
-        if k != rank and torch.allclose(mine, total[k * size:(k + 1) * size] / n):
+        if k != rank and _same(mine, total[k * size:(k + 1) * size] / n):
             return Verdict(False, f"that is chunk {k}'s mean: rank {rank} keeps chunk {rank}")
-    return Verdict(False, f"rank {rank} should hold {want.tolist()}, you have {mine.tolist()}")
+    return Verdict(False, f"rank {rank} should hold {_shown(want)}, you have {_shown(mine)}")
 
 
 def same_losses(a: Sequence[float], b: Sequence[float], what: str = "FULL_SHARD and NO_SHARD") -> Verdict:
@@ -204,12 +273,12 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     if not f or not d:
         return Verdict(False, "a trace has no bytes for step 0: trace one step of each model")
     measured = f / d
-    if _close(ratio, measured, 1e-3):
+    if close_to(ratio, measured, 1e-3):
         gathered = {e["unit"] for e in fsdp_events if e["event"] == "gather_end" and e["step"] == 0}
         regathered = {e["unit"] for e in fsdp_events if e["event"] == "regather_end" and e["step"] == 0}
         why = (f"\n  not 1.5: {len(regathered)} of the {len(gathered)} gathered units were re-gathered in backward "
                f"({', '.join(sorted(gathered - regathered))} stayed gathered)" if gathered - regathered else "")
         return Verdict(True, f"FULL_SHARD sent {f:,} B, NO_SHARD {d:,} B: {measured:.3f}×{why}")
-    if _close(ratio, 1 / measured, 1e-3):
+    if close_to(ratio, 1 / measured, 1e-3):
         return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")
