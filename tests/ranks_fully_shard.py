@@ -204,6 +204,41 @@ def case_int_reshard(rank, world_size, lib):
     return _result(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, world_size)
 
 
+def case_group_reshard(rank, world_size, lib):
+    """reshard_after_forward=2 on 4 ranks, blocks and root: after forward each rank keeps its pair's half of the
+    unsharded parameters ([0, 1] and [2, 3]), and backward re-gathers within the pair."""
+    torch.manual_seed(0)
+    model = shard(TiedLM(), lib, world_size, {"reshard_after_forward": 2}, {"reshard_after_forward": 2})
+    out = _result(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, world_size)
+    if lib != "plain":
+        loss = loss_of(model, *batch(0, rank, world_size))
+        out["held"] = held_after_forward(model, lib)
+        loss.backward()
+    return out
+
+
+def held_after_forward(model, lib: str) -> dict:
+    """Bytes of parameters each fully_shard module holds between forward and backward, and (fsdp_lab) bytes of
+    unsharded buffers still allocated. torch swaps each attribute for the post-forward DTensor; fsdp_lab keeps
+    the post-forward shards beside the registered ones."""
+    held = {}
+    for name, module in model.named_modules():
+        if not hasattr(module, "unshard"):
+            continue
+        if lib == "torch":
+            own = [module.embed.weight, module.norm.weight, module.norm.bias] if module is model else \
+                [getattr(sub, a) for sub in module.modules() for a, p in sub._parameters.items() if p is not None]
+            # The local tensor is an unpadded view of the kept padded block: count the storage behind it, once.
+            held[name or "<root>"] = sum({t.to_local().untyped_storage().data_ptr(): t.to_local().untyped_storage()
+                                          .nbytes() for t in own}.values())
+        else:
+            layouts = module._fsdp_lab_state.unit.flats
+            held[name or "<root>"] = sum(g.post_forward_shard.numel() * g.post_forward_shard.element_size()
+                                         for g in layouts)
+            held["unsharded"] = held.get("unsharded", 0) + sum(g.full.untyped_storage().size() for g in layouts)
+    return held
+
+
 def case_accumulate(rank, world_size, lib):
     """Two micro-batches per step; the first without gradient sync (FSDP2's no_sync)."""
     def before(model, i, n):
@@ -273,7 +308,7 @@ def case_meta(rank, world_size, lib):
 
 
 CASES = {"fp32": case_fp32, "bf16": case_bf16, "no_reshard": case_no_reshard, "int_reshard": case_int_reshard,
-         "accumulate": case_accumulate, "methods": case_methods, "meta": case_meta}
+         "accumulate": case_accumulate, "methods": case_methods, "meta": case_meta, "group_reshard": case_group_reshard}
 
 
 def run_cases(rank, world_size, lib, names):

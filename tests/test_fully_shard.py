@@ -9,6 +9,7 @@ round trips with exact continuation."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -19,19 +20,26 @@ from fsdp_lab.training.launch import run_on_ranks
 FP32_TOL = 1e-5
 TORCH_TOL = 1e-6  # same algorithm, same reduction order: float noise only
 BF16_TOL = 2e-3
-ALL = tuple(CASES)
-AT_FOUR = ("fp32", "bf16", "accumulate", "meta")  # 4 ranks on 2 cores are slow: the cases that differ most by N
-FP32 = ("fp32", "no_reshard", "int_reshard", "accumulate", "methods")  # the ones one process can replay
+FOUR_ONLY = ("group_reshard",)  # reshard_after_forward=2 needs a mesh of 4 (on 2 it is True)
+ALL = tuple(c for c in CASES if c not in FOUR_ONLY)
+AT_FOUR = ("fp32", "bf16", "accumulate", "meta", *FOUR_ONLY)  # 4 ranks on 2 cores are slow: the cases that differ
+# most by N
+FP32 = ("fp32", "no_reshard", "int_reshard", "accumulate", "methods", *FOUR_ONLY)  # the ones one process can replay
 
 
 @functools.cache
-def results(lib: str, world_size: int) -> dict:
+def every_rank(lib: str, world_size: int) -> list:
+    """Each rank's results of one launch of the ranks."""
     names = ALL if world_size < 4 else AT_FOUR
     if lib == "plain":
-        return run_cases(0, 1, "plain", tuple(n for n in names if n in FP32))
+        return [run_cases(0, 1, "plain", FP32)]
     if lib == "fsdp_lab" and world_size == 1:
-        names = FP32
-    return run_on_ranks(run_cases, world_size, lib, names, timeout_s=600)[0]
+        names = tuple(n for n in FP32 if n not in FOUR_ONLY)
+    return run_on_ranks(run_cases, world_size, lib, names, timeout_s=600)
+
+
+def results(lib: str, world_size: int) -> dict:
+    return every_rank(lib, world_size)[0]
 
 
 def max_diff(a: list, b: list) -> float:
@@ -72,13 +80,30 @@ def test_reshard_after_forward_decides_what_stays_unsharded(case, between):
     assert results("fsdp_lab", 2)[case]["between"] == between
 
 
-ONE_PROCESS_PAIRS = [(n, c) for n in (1, 2, 4) for c in FP32 if n < 4 or c in AT_FOUR]
+ONE_PROCESS_PAIRS = [(n, c) for n in (1, 2) for c in FP32 if c not in FOUR_ONLY] + [(4, c) for c in FP32 if c in AT_FOUR]
 
 
 @pytest.mark.parametrize("world_size,case", ONE_PROCESS_PAIRS, ids=[f"{c}-{n}ranks" for n, c in ONE_PROCESS_PAIRS])
 def test_matches_one_process(world_size, case):
     ref, got = results("plain", 1)[case], results("fsdp_lab", world_size)[case]
     compare(got, ref, FP32_TOL, f"{case} on {world_size} ranks against one process")
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_group_reshard_keeps_the_groups_slice_after_forward(rank):
+    """reshard_after_forward=2 on 4 ranks: between forward and backward no unsharded buffer is allocated, and each
+    module holds, on every rank, what torch holds: half (1/k) of its padded unsharded parameters, each parameter's
+    dim 0 padded to a multiple of 4."""
+    ref = every_rank("torch", 4)[rank]["group_reshard"]["held"]
+    got = dict(every_rank("fsdp_lab", 4)[rank]["group_reshard"]["held"])
+    assert got.pop("unsharded") == 0, "an unsharded buffer is still allocated after forward"
+    assert got == ref
+    params = results("plain", 1)["group_reshard"]["params"]
+    for module, held in got.items():
+        own = [v for k, v in params.items() if k.startswith(f"{module}.")] if module != "<root>" else \
+            [params[k] for k in ("embed.weight", "norm.weight", "norm.bias")]
+        expected = sum(math.ceil(p.shape[0] / 4) * 4 * p[0].numel() for p in own) * 4 // 2
+        assert held == expected, (module, held, expected)
 
 
 def test_bf16_stays_near_one_process():
@@ -148,7 +173,7 @@ def test_api_shape_and_refusals():
     assert out["offload_default_ok"]
     for key, words in (("again", "already applied"), ("cpu_offload", "offload_policy=CPUOffloadPolicy"),
                        ("placement_fn", "shard_placement_fn"), ("module_list", "list of 2 modules"),
-                       ("bad_int", "reshard_after_forward=3"), ("bad_mp", "param_dtype"),
+                       ("bad_int", "reshard_after_forward=3 should be a factor of the mesh size 1"), ("bad_mp", "param_dtype"),
                        ("tied_across", "tied"), ("positional", "positional")):
         assert out[key] is not None and words in out[key], (key, out[key])
     assert out["ignored_kept"], "an ignored parameter stays the plain, unsharded one"

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from fsdp_lab.runtime.collectives import Collective, all_gather_flat
 from fsdp_lab.runtime.layout import UnshardedViews
 
 
@@ -86,6 +87,7 @@ class ParamGroup(UnshardedViews):
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
         self.shard, self.orig_params, self.persistent_full = None, None, False
         self.grad_stash = self.replica_grad = None
+        self.post_forward_shard = None  # reshard_after_forward=int: what this rank keeps after forward
         n, slots = self.world_size, []
         for param, aliases in entries:
             if param.dim() == 0:
@@ -134,11 +136,29 @@ class ParamGroup(UnshardedViews):
 
     def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
-        if output is full:
-            return
-        n = self.world_size
+        if output is not full:
+            self._blocks_to_full(output, full, self.world_size)
+
+    def _blocks_to_full(self, output: torch.Tensor, full: torch.Tensor, n: int) -> None:
+        """`output` holds n equal blocks, block j being the j-th 1/n of every parameter's padded rows end to end;
+        put each parameter's n parts one after the other in `full`."""
         targets = [part.view(n, -1) for part in torch.split(full, self._padded_sizes)]
-        torch.split_with_sizes_copy(output.view(n, -1), [s.shard_numel for s in self.slots], dim=1, out=targets)
+        torch.split_with_sizes_copy(output.view(n, -1), [p // n for p in self._padded_sizes], dim=1, out=targets)
+
+    # -- reshard_after_forward=int ([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py) ----------
+    def keep_post_forward(self, group) -> None:
+        """Keep block `group.rank` of `group.size` of every parameter's padded rows of `full` (one copy)."""
+        parts = torch.split(self.full.detach(), self._padded_sizes)
+        self.post_forward_shard = torch.cat([part.view(group.size, -1)[group.rank] for part in parts])
+
+    def gather_in_group(self, full: torch.Tensor, group) -> Collective:
+        """Refill `full` from the post-forward shards of `group`'s ranks (then dropped): one all-gather over the
+        group, then the copy-out."""
+        send, self.post_forward_shard = self.post_forward_shard, None
+        output = torch.empty(group.size * send.numel(), dtype=send.dtype, device=send.device)
+        call = all_gather_flat(output, send, group.pg, group.size, self.unit_name)
+        self._blocks_to_full(output, full, group.size)
+        return call
 
     def views(self) -> list[torch.Tensor]:
         """Each parameter's unsharded tensor: the first d0 rows of its part of `full` (tracked by autograd)."""
