@@ -209,11 +209,23 @@ def case_group_reshard(rank, world_size, lib):
     unsharded parameters ([0, 1] and [2, 3]), and backward re-gathers within the pair."""
     torch.manual_seed(0)
     model = shard(TiedLM(), lib, world_size, {"reshard_after_forward": 2}, {"reshard_after_forward": 2})
-    out = _result(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, world_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = _result(model, opt, rank, world_size)
     if lib != "plain":
         loss = loss_of(model, *batch(0, rank, world_size))
         out["held"] = held_after_forward(model, lib)
         loss.backward()
+        opt.zero_grad()
+    if lib == "fsdp_lab":  # what the trace says of the re-gathers: within which ranks, and the bytes received
+        from fsdp_lab.observe import trace
+
+        with trace.record(model) as tracer:
+            loss_of(model, *batch(0, rank, world_size)).backward()
+        out["regathers"] = {e["unit"]: (e["group"], e["bytes_received"]) for e in tracer.events
+                            if e["event"] == "regather_end"}
+        out["frees"] = {e["unit"]: e.get("group") for e in tracer.events if e["event"] == "free"
+                        and e["phase"] == "forward"}
+        opt.zero_grad()
     return out
 
 
@@ -362,6 +374,44 @@ def checkpoint_round_trips(rank, world_size, lib, folder):
     set_state_dict(model, opt, model_state_dict=full_msd, optim_state_dict=full_osd,
                    options=StateDictOptions(full_state_dict=True))
     out["from_full"] = train(model, opt, rank, world_size, 2, first_step=2)[0]
+    return out
+
+
+# -- observing: the tracer and memory_report ---------------------------------------------------------------------
+def trace_and_memory(rank, world_size, front_end):
+    """One traced training step of the same model under fsdp_lab's FSDP (each Block a unit, then the root) or
+    fully_shard (each block, then the root), through the same public calls (trace.record, memory_report).
+    Returns each unit's event kinds in order, and memory_report's shard bytes against the local shards."""
+    import fsdp_lab
+    from fsdp_lab.observe import trace
+    from fsdp_lab.runtime.memory import memory_report
+    from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+
+    torch.manual_seed(0)
+    model = TiedLM()
+    if front_end == "fsdp1":
+        model = fsdp_lab.FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    else:
+        shard(model, "fsdp_lab", world_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with trace.record(model, optimizer=opt) as tracer:
+        loss_of(model, *batch(0, rank, world_size)).backward()
+        opt.step()
+    kinds: dict = {}
+    for event in tracer.events:
+        kinds.setdefault(event["unit"], []).append(event["event"])
+    report = memory_report(model, opt)
+    out = {"kinds": kinds, "report": report.as_dict(), "last_mem": tracer.events[-1]["mem"]}
+    if front_end == "fully_shard":
+        locals_ = [p.to_local() for p in model.parameters()]
+        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        out["local_shard_bytes"] = sum(t.numel() * t.element_size() for t in locals_)
+        out["local_grad_bytes"] = sum(t.numel() * t.element_size() for t in grads)
+        out["grad_storage_bytes"] = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                         for t in grads if t.numel()}.values())
+        out["optimizer_bytes"] = sum(v.to_local().numel() * v.element_size() if isinstance(v, DTensor)
+                                     else v.numel() * v.element_size()
+                                     for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
     return out
 
 

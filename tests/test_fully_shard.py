@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from ranks_fully_shard import CASES, api_checks, checkpoint_round_trips, run_cases
+from ranks_fully_shard import CASES, api_checks, checkpoint_round_trips, run_cases, trace_and_memory
 
 from fsdp_lab.training.launch import run_on_ranks
 
@@ -104,6 +104,49 @@ def test_group_reshard_keeps_the_groups_slice_after_forward(rank):
             [params[k] for k in ("embed.weight", "norm.weight", "norm.bias")]
         expected = sum(math.ceil(p.shape[0] / 4) * 4 * p[0].numel() for p in own) * 4 // 2
         assert held == expected, (module, held, expected)
+
+
+def test_group_reshard_regathers_within_the_group_and_the_trace_names_it():
+    """Each unit's forward free keeps its pair's shards and names the pair; its backward re-gather runs within
+    that pair: it receives the other member's half (= what this rank holds), where a mesh-wide gather of 4
+    receives three quarters of the unsharded bytes."""
+    for rank, out in enumerate(every_rank("fsdp_lab", 4)):
+        got = out["group_reshard"]
+        pair = [0, 1] if rank < 2 else [2, 3]
+        units = {"<root>", "layers.0", "layers.1", "layers.2"}
+        assert got["frees"] == dict.fromkeys(units, pair), (rank, got["frees"])
+        assert set(got["regathers"]) == units
+        for unit, (group, received) in got["regathers"].items():
+            assert group == pair and received == got["held"][unit], (rank, unit, group, received)
+
+
+@pytest.fixture(scope="module")
+def observed():
+    return {front_end: run_on_ranks(trace_and_memory, 2, front_end, timeout_s=300)
+            for front_end in ("fsdp1", "fully_shard")}
+
+
+def test_trace_of_fully_shard_has_fsdp1s_event_kinds_per_unit(observed):
+    """trace.record takes the root of a fully_shard model as it takes an FSDP model: with the same units (each
+    block, then the root), every unit goes through the same beats in the same order."""
+    for fsdp1, fully in zip(observed["fsdp1"], observed["fully_shard"]):
+        assert fully["kinds"] == fsdp1["kinds"]
+        assert set(fully["kinds"]) == {"<root>", "layers.0", "layers.1", "layers.2"}
+
+
+def test_memory_report_of_fully_shard_counts_the_local_shards(observed):
+    """memory_report of a fully_shard model, per rank: parameter shards are the DTensors' local tensors (rank 1
+    holds fewer rows of the uneven layers), gradient shards the reduce-scatter outputs they are views of (padding
+    included), optimizer state the local tensors of AdamW's DTensor state; the tracer's last event saw the same."""
+    by_rank = observed["fully_shard"]
+    for out in by_rank:
+        report = out["report"]
+        assert report["params_sharded"] == out["local_shard_bytes"] > 0
+        assert report["grads_sharded"] == out["grad_storage_bytes"] >= out["local_grad_bytes"] > 0
+        assert report["optimizer_state"] == out["optimizer_bytes"] > 0
+        assert report["params_unsharded"] == report["grads_unsharded"] == 0
+        assert out["last_mem"] == report
+    assert by_rank[0]["local_shard_bytes"] > by_rank[1]["local_shard_bytes"], "9 rows on 2 ranks: 5 and 4"
 
 
 def test_bf16_stays_near_one_process():

@@ -85,7 +85,7 @@ class ParamGroup(UnshardedViews):
         self.unit_name, self.requires_grad = unit_name, requires_grad
         self.world_size, self.rank = mesh.size(), mesh.get_local_rank()
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
-        self.shard, self.orig_params, self.persistent_full = None, None, False
+        self.shard, self.orig_params, self.persistent_full, self.replica = None, None, False, None
         self.grad_stash = self.replica_grad = None
         self.post_forward_shard = None  # reshard_after_forward=int: what this rank keeps after forward
         n, slots = self.world_size, []
@@ -118,6 +118,14 @@ class ParamGroup(UnshardedViews):
         self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
         self.full.requires_grad_(requires_grad)
         self.free_full()
+
+    def local_shards(self) -> list[torch.Tensor]:
+        """The local tensors of this group's sharded DTensor parameters (empty ones for ranks past the rows)."""
+        return [slot.registered()._local_tensor for slot in self.slots]
+
+    def local_grads(self) -> list[torch.Tensor]:
+        grads = [slot.registered().grad for slot in self.slots]
+        return [g._local_tensor for g in grads if g is not None]
 
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
