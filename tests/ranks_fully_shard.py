@@ -377,6 +377,42 @@ def checkpoint_round_trips(rank, world_size, lib, folder):
     return out
 
 
+def broadcast_loads(rank, world_size, lib):
+    """set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True): only rank 0 holds the weights (a
+    plain model's, seed 5); the others pass {} ("empty"), or a state dict of meta tensors ("meta_dict"), or the
+    model itself is still on the meta device when it loads ("meta_model", torchtitan's way). Then 3 steps of
+    training. lib "plain": one process trained from the same weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    torch.manual_seed(5)
+    weights = TiedLM().state_dict()
+    out = {}
+    for variant in ("empty", "meta_dict", "meta_model"):
+        torch.manual_seed(1)  # other weights than rank 0's: a load that did nothing shows
+        if variant == "meta_model" and lib != "plain":
+            with torch.device("meta"):
+                model = TiedLM()
+        else:
+            model = TiedLM()
+        if lib == "plain":
+            model.load_state_dict(weights)
+        else:
+            shard(model, lib, world_size)
+            given = {k: v.clone() for k, v in weights.items()} if rank == 0 else \
+                {} if variant == "empty" else {k: torch.empty_like(v, device="meta") for k, v in weights.items()}
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(model, given, options=options)
+        loaded = full_params(model)
+        result = {"loaded_diff": max((loaded[k] - weights[k]).abs().max().item() for k in loaded),
+                  "tied": model.head.weight is model.embed.weight, "count": len(list(model.parameters())),
+                  "devices": sorted({p.device.type for p in model.parameters()})}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        result["losses"], result["norms"], result["evals"] = train(model, opt, rank, world_size, 3)
+        result["params"] = full_params(model)
+        out[variant] = result
+    return out
+
+
 # -- observing: the tracer and memory_report ---------------------------------------------------------------------
 def trace_and_memory(rank, world_size, front_end):
     """One traced training step of the same model under fsdp_lab's FSDP (each Block a unit, then the root) or

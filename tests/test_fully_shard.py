@@ -13,7 +13,8 @@ import math
 
 import pytest
 import torch
-from ranks_fully_shard import CASES, api_checks, checkpoint_round_trips, run_cases, trace_and_memory
+from ranks_fully_shard import (CASES, api_checks, broadcast_loads, checkpoint_round_trips, run_cases,
+                               trace_and_memory)
 
 from fsdp_lab.training.launch import run_on_ranks
 
@@ -206,6 +207,29 @@ def test_full_state_dict_has_plain_names_and_values(checkpoints):
     assert list(got) == list(ref)
     assert all(v.device.type == "cpu" for v in got.values())
     assert max((got[k] - ref[k]).abs().max().item() for k in got) <= TORCH_TOL
+
+
+@pytest.fixture(scope="module")
+def broadcast_loaded():
+    return {"torch": run_on_ranks(broadcast_loads, 2, "torch", timeout_s=300),
+            "fsdp_lab": run_on_ranks(broadcast_loads, 2, "fsdp_lab", timeout_s=300),
+            "plain": broadcast_loads(0, 1, "plain")}
+
+
+@pytest.mark.parametrize("variant", ["empty", "meta_dict", "meta_model"])
+def test_broadcast_from_rank0_loads_rank0s_weights_on_every_rank(broadcast_loaded, variant):
+    """Only rank 0 holds the full state dict; set_model_state_dict(..., broadcast_from_rank0=True) gives every
+    rank its shards of exactly those weights, and each trains them as torch's fully_shard does (and as one
+    process trained from the same weights)."""
+    plain = broadcast_loaded["plain"][variant]
+    for rank, (got, ref) in enumerate(zip(broadcast_loaded["fsdp_lab"], broadcast_loaded["torch"])):
+        got, ref = got[variant], ref[variant]
+        assert got["loaded_diff"] == 0.0, f"rank {rank} did not load rank 0's weights: {got['loaded_diff']}"
+        for key in ("tied", "count", "devices"):  # torch's assign=True load of a meta model unties head.weight
+            assert got[key] == ref[key], (rank, key, got[key], ref[key])
+        compare(got, ref, TORCH_TOL, f"{variant} on rank {rank}")
+        shared = {k: got["params"][k] for k in plain["params"]}  # an untied head.weight trains nothing
+        compare({**got, "params": shared}, plain, FP32_TOL, f"{variant} on rank {rank} against one process")
 
 
 def test_api_shape_and_refusals():

@@ -105,6 +105,7 @@ class ParamGroup(UnshardedViews):
         self.shard_numel = sum(s.shard_numel for s in slots)  # S
         self._padded_sizes = [n * s.shard_numel for s in slots]
         self._held = [s for s in slots if s.local_rows]  # the parameters with rows on this rank
+        self._tied = [s for s in slots if len(s.aliases) > 1]
         # The send buffer cut into (held rows, padding) per parameter; picks: the pieces that take a parameter.
         self._send_sizes, self._send_picks = [], []
         for s in slots:
@@ -130,6 +131,7 @@ class ParamGroup(UnshardedViews):
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
         """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
+        self._retie()
         send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
         # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
         # per gather, and no gradient flows through a copy-in.
@@ -137,6 +139,16 @@ class ParamGroup(UnshardedViews):
         parts = torch.split(send, self._send_sizes)
         torch._foreach_copy_([parts[i] for i in self._send_picks], src)
         return send
+
+    def _retie(self) -> None:
+        """A load_state_dict(assign=True) assigns each name of a tied weight its own new parameter (torch's
+        set_model_state_dict does, loading into a meta model): point every alias back at the first name's, as
+        torch's fully_shard does when it next gathers, so the weight is one parameter again."""
+        for slot in self._tied:
+            param = slot.registered()
+            for module, attr, _name in slot.aliases[1:]:
+                if module._parameters.get(attr) is not param:
+                    module._parameters[attr] = param
 
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
         """Where the all-gather writes: a rank-major staging buffer, or `full` itself at world size 1."""
