@@ -81,7 +81,8 @@ def test_reshard_after_forward_decides_what_stays_unsharded(case, between):
     assert results("fsdp_lab", 2)[case]["between"] == between
 
 
-ONE_PROCESS_PAIRS = [(n, c) for n in (1, 2) for c in FP32 if c not in FOUR_ONLY] + [(4, c) for c in FP32 if c in AT_FOUR]
+ONE_PROCESS_PAIRS = ([(n, c) for n in (1, 2) for c in FP32 if c not in FOUR_ONLY]
+                     + [(4, c) for c in FP32 if c in AT_FOUR])
 
 
 @pytest.mark.parametrize("world_size,case", ONE_PROCESS_PAIRS, ids=[f"{c}-{n}ranks" for n, c in ONE_PROCESS_PAIRS])
@@ -240,8 +241,8 @@ def test_api_shape_and_refusals():
     assert out["offload_default_ok"]
     for key, words in (("again", "already applied"), ("cpu_offload", "offload_policy=CPUOffloadPolicy"),
                        ("placement_fn", "shard_placement_fn"), ("module_list", "list of 2 modules"),
-                       ("bad_int", "reshard_after_forward=3 should be a factor of the mesh size 1"), ("bad_mp", "param_dtype"),
-                       ("tied_across", "tied"), ("positional", "positional")):
+                       ("bad_int", "reshard_after_forward=3 should be a factor of the mesh size 1"),
+                       ("bad_mp", "param_dtype"), ("tied_across", "tied"), ("positional", "positional")):
         assert out[key] is not None and words in out[key], (key, out[key])
     assert out["ignored_kept"], "an ignored parameter stays the plain, unsharded one"
     assert out["seam_missing"] == {"FlatParam": [], "ParamGroup": []}, "both layouts provide the whole seam"
