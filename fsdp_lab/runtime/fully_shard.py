@@ -8,7 +8,9 @@ that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/para
 later fully_shard(model) may wrap it. As in torch, the first forward (or FSDPModule method) decides: the module
 it runs on, and every fully_shard module below it, join that root's FSDPState (one process group, one step's
 flags, one end-of-backward callback); the root's reshard_after_forward=None becomes False (its parameters are
-needed first in backward), everyone else's True.
+needed first in backward), everyone else's True. An int k between 1 and the mesh size keeps, after forward,
+each rank's share of its group of k ranks, and backward re-gathers within that group
+([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py).
 """
 from __future__ import annotations
 
