@@ -204,6 +204,53 @@ def case_int_reshard(rank, world_size, lib):
     return _result(model, torch.optim.AdamW(model.parameters(), lr=1e-2), rank, world_size)
 
 
+def case_group_reshard(rank, world_size, lib):
+    """reshard_after_forward=2 on 4 ranks, blocks and root: after forward each rank keeps its pair's half of the
+    unsharded parameters ([0, 1] and [2, 3]), and backward re-gathers within the pair."""
+    torch.manual_seed(0)
+    model = shard(TiedLM(), lib, world_size, {"reshard_after_forward": 2}, {"reshard_after_forward": 2})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = _result(model, opt, rank, world_size)
+    if lib != "plain":
+        loss = loss_of(model, *batch(0, rank, world_size))
+        out["held"] = held_after_forward(model, lib)
+        loss.backward()
+        opt.zero_grad()
+    if lib == "fsdp_lab":  # what the trace says of the re-gathers: within which ranks, and the bytes received
+        from fsdp_lab.observe import trace
+
+        with trace.record(model) as tracer:
+            loss_of(model, *batch(0, rank, world_size)).backward()
+        out["regathers"] = {e["unit"]: (e["group"], e["bytes_received"]) for e in tracer.events
+                            if e["event"] == "regather_end"}
+        out["frees"] = {e["unit"]: e.get("group") for e in tracer.events if e["event"] == "free"
+                        and e["phase"] == "forward"}
+        opt.zero_grad()
+    return out
+
+
+def held_after_forward(model, lib: str) -> dict:
+    """Bytes of parameters each fully_shard module holds between forward and backward, and (fsdp_lab) bytes of
+    unsharded buffers still allocated. torch swaps each attribute for the post-forward DTensor; fsdp_lab keeps
+    the post-forward shards beside the registered ones."""
+    held = {}
+    for name, module in model.named_modules():
+        if not hasattr(module, "unshard"):
+            continue
+        if lib == "torch":
+            own = [module.embed.weight, module.norm.weight, module.norm.bias] if module is model else \
+                [getattr(sub, a) for sub in module.modules() for a, p in sub._parameters.items() if p is not None]
+            # The local tensor is an unpadded view of the kept padded block: count the storage behind it, once.
+            held[name or "<root>"] = sum({t.to_local().untyped_storage().data_ptr(): t.to_local().untyped_storage()
+                                          .nbytes() for t in own}.values())
+        else:
+            layouts = module._fsdp_lab_state.unit.flats
+            held[name or "<root>"] = sum(g.post_forward_shard.numel() * g.post_forward_shard.element_size()
+                                         for g in layouts)
+            held["unsharded"] = held.get("unsharded", 0) + sum(g.full.untyped_storage().size() for g in layouts)
+    return held
+
+
 def case_accumulate(rank, world_size, lib):
     """Two micro-batches per step; the first without gradient sync (FSDP2's no_sync)."""
     def before(model, i, n):
@@ -273,7 +320,7 @@ def case_meta(rank, world_size, lib):
 
 
 CASES = {"fp32": case_fp32, "bf16": case_bf16, "no_reshard": case_no_reshard, "int_reshard": case_int_reshard,
-         "accumulate": case_accumulate, "methods": case_methods, "meta": case_meta}
+         "accumulate": case_accumulate, "methods": case_methods, "meta": case_meta, "group_reshard": case_group_reshard}
 
 
 def run_cases(rank, world_size, lib, names):
@@ -327,6 +374,80 @@ def checkpoint_round_trips(rank, world_size, lib, folder):
     set_state_dict(model, opt, model_state_dict=full_msd, optim_state_dict=full_osd,
                    options=StateDictOptions(full_state_dict=True))
     out["from_full"] = train(model, opt, rank, world_size, 2, first_step=2)[0]
+    return out
+
+
+def broadcast_loads(rank, world_size, lib):
+    """set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True): only rank 0 holds the weights (a
+    plain model's, seed 5); the others pass {} ("empty"), or a state dict of meta tensors ("meta_dict"), or the
+    model itself is still on the meta device when it loads ("meta_model", torchtitan's way). Then 3 steps of
+    training. lib "plain": one process trained from the same weights."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    torch.manual_seed(5)
+    weights = TiedLM().state_dict()
+    out = {}
+    for variant in ("empty", "meta_dict", "meta_model"):
+        torch.manual_seed(1)  # other weights than rank 0's: a load that did nothing shows
+        if variant == "meta_model" and lib != "plain":
+            with torch.device("meta"):
+                model = TiedLM()
+        else:
+            model = TiedLM()
+        if lib == "plain":
+            model.load_state_dict(weights)
+        else:
+            shard(model, lib, world_size)
+            given = {k: v.clone() for k, v in weights.items()} if rank == 0 else \
+                {} if variant == "empty" else {k: torch.empty_like(v, device="meta") for k, v in weights.items()}
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            set_model_state_dict(model, given, options=options)
+        loaded = full_params(model)
+        result = {"loaded_diff": max((loaded[k] - weights[k]).abs().max().item() for k in loaded),
+                  "tied": model.head.weight is model.embed.weight, "count": len(list(model.parameters())),
+                  "devices": sorted({p.device.type for p in model.parameters()})}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        result["losses"], result["norms"], result["evals"] = train(model, opt, rank, world_size, 3)
+        result["params"] = full_params(model)
+        out[variant] = result
+    return out
+
+
+# -- observing: the tracer and memory_report ---------------------------------------------------------------------
+def trace_and_memory(rank, world_size, front_end):
+    """One traced training step of the same model under fsdp_lab's FSDP (each Block a unit, then the root) or
+    fully_shard (each block, then the root), through the same public calls (trace.record, memory_report).
+    Returns each unit's event kinds in order, and memory_report's shard bytes against the local shards."""
+    import fsdp_lab
+    from fsdp_lab.observe import trace
+    from fsdp_lab.runtime.memory import memory_report
+    from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+
+    torch.manual_seed(0)
+    model = TiedLM()
+    if front_end == "fsdp1":
+        model = fsdp_lab.FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    else:
+        shard(model, "fsdp_lab", world_size)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with trace.record(model, optimizer=opt) as tracer:
+        loss_of(model, *batch(0, rank, world_size)).backward()
+        opt.step()
+    kinds: dict = {}
+    for event in tracer.events:
+        kinds.setdefault(event["unit"], []).append(event["event"])
+    report = memory_report(model, opt)
+    out = {"kinds": kinds, "report": report.as_dict(), "last_mem": tracer.events[-1]["mem"]}
+    if front_end == "fully_shard":
+        locals_ = [p.to_local() for p in model.parameters()]
+        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        out["local_shard_bytes"] = sum(t.numel() * t.element_size() for t in locals_)
+        out["local_grad_bytes"] = sum(t.numel() * t.element_size() for t in grads)
+        out["grad_storage_bytes"] = sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                                         for t in grads if t.numel()}.values())
+        out["optimizer_bytes"] = sum(v.to_local().numel() * v.element_size() if isinstance(v, DTensor)
+                                     else v.numel() * v.element_size()
+                                     for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
     return out
 
 

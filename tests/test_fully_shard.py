@@ -9,29 +9,38 @@ round trips with exact continuation."""
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
-from ranks_fully_shard import CASES, api_checks, checkpoint_round_trips, run_cases
+from ranks_fully_shard import (CASES, api_checks, broadcast_loads, checkpoint_round_trips, run_cases,
+                               trace_and_memory)
 
 from fsdp_lab.training.launch import run_on_ranks
 
 FP32_TOL = 1e-5
 TORCH_TOL = 1e-6  # same algorithm, same reduction order: float noise only
 BF16_TOL = 2e-3
-ALL = tuple(CASES)
-AT_FOUR = ("fp32", "bf16", "accumulate", "meta")  # 4 ranks on 2 cores are slow: the cases that differ most by N
-FP32 = ("fp32", "no_reshard", "int_reshard", "accumulate", "methods")  # the ones one process can replay
+FOUR_ONLY = ("group_reshard",)  # reshard_after_forward=2 needs a mesh of 4 (on 2 it is True)
+ALL = tuple(c for c in CASES if c not in FOUR_ONLY)
+AT_FOUR = ("fp32", "bf16", "accumulate", "meta", *FOUR_ONLY)  # 4 ranks on 2 cores are slow: the cases that differ
+# most by N
+FP32 = ("fp32", "no_reshard", "int_reshard", "accumulate", "methods", *FOUR_ONLY)  # the ones one process can replay
 
 
 @functools.cache
-def results(lib: str, world_size: int) -> dict:
+def every_rank(lib: str, world_size: int) -> list:
+    """Each rank's results of one launch of the ranks."""
     names = ALL if world_size < 4 else AT_FOUR
     if lib == "plain":
-        return run_cases(0, 1, "plain", tuple(n for n in names if n in FP32))
+        return [run_cases(0, 1, "plain", FP32)]
     if lib == "fsdp_lab" and world_size == 1:
-        names = FP32
-    return run_on_ranks(run_cases, world_size, lib, names, timeout_s=600)[0]
+        names = tuple(n for n in FP32 if n not in FOUR_ONLY)
+    return run_on_ranks(run_cases, world_size, lib, names, timeout_s=600)
+
+
+def results(lib: str, world_size: int) -> dict:
+    return every_rank(lib, world_size)[0]
 
 
 def max_diff(a: list, b: list) -> float:
@@ -72,13 +81,74 @@ def test_reshard_after_forward_decides_what_stays_unsharded(case, between):
     assert results("fsdp_lab", 2)[case]["between"] == between
 
 
-ONE_PROCESS_PAIRS = [(n, c) for n in (1, 2, 4) for c in FP32 if n < 4 or c in AT_FOUR]
+ONE_PROCESS_PAIRS = ([(n, c) for n in (1, 2) for c in FP32 if c not in FOUR_ONLY]
+                     + [(4, c) for c in FP32 if c in AT_FOUR])
 
 
 @pytest.mark.parametrize("world_size,case", ONE_PROCESS_PAIRS, ids=[f"{c}-{n}ranks" for n, c in ONE_PROCESS_PAIRS])
 def test_matches_one_process(world_size, case):
     ref, got = results("plain", 1)[case], results("fsdp_lab", world_size)[case]
     compare(got, ref, FP32_TOL, f"{case} on {world_size} ranks against one process")
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_group_reshard_keeps_the_groups_slice_after_forward(rank):
+    """reshard_after_forward=2 on 4 ranks: between forward and backward no unsharded buffer is allocated, and each
+    module holds, on every rank, what torch holds: half (1/k) of its padded unsharded parameters, each parameter's
+    dim 0 padded to a multiple of 4."""
+    ref = every_rank("torch", 4)[rank]["group_reshard"]["held"]
+    got = dict(every_rank("fsdp_lab", 4)[rank]["group_reshard"]["held"])
+    assert got.pop("unsharded") == 0, "an unsharded buffer is still allocated after forward"
+    assert got == ref
+    params = results("plain", 1)["group_reshard"]["params"]
+    for module, held in got.items():
+        own = [v for k, v in params.items() if k.startswith(f"{module}.")] if module != "<root>" else \
+            [params[k] for k in ("embed.weight", "norm.weight", "norm.bias")]
+        expected = sum(math.ceil(p.shape[0] / 4) * 4 * p[0].numel() for p in own) * 4 // 2
+        assert held == expected, (module, held, expected)
+
+
+def test_group_reshard_regathers_within_the_group_and_the_trace_names_it():
+    """Each unit's forward free keeps its pair's shards and names the pair; its backward re-gather runs within
+    that pair: it receives the other member's half (= what this rank holds), where a mesh-wide gather of 4
+    receives three quarters of the unsharded bytes."""
+    for rank, out in enumerate(every_rank("fsdp_lab", 4)):
+        got = out["group_reshard"]
+        pair = [0, 1] if rank < 2 else [2, 3]
+        units = {"<root>", "layers.0", "layers.1", "layers.2"}
+        assert got["frees"] == dict.fromkeys(units, pair), (rank, got["frees"])
+        assert set(got["regathers"]) == units
+        for unit, (group, received) in got["regathers"].items():
+            assert group == pair and received == got["held"][unit], (rank, unit, group, received)
+
+
+@pytest.fixture(scope="module")
+def observed():
+    return {front_end: run_on_ranks(trace_and_memory, 2, front_end, timeout_s=300)
+            for front_end in ("fsdp1", "fully_shard")}
+
+
+def test_trace_of_fully_shard_has_fsdp1s_event_kinds_per_unit(observed):
+    """trace.record takes the root of a fully_shard model as it takes an FSDP model: with the same units (each
+    block, then the root), every unit goes through the same beats in the same order."""
+    for fsdp1, fully in zip(observed["fsdp1"], observed["fully_shard"]):
+        assert fully["kinds"] == fsdp1["kinds"]
+        assert set(fully["kinds"]) == {"<root>", "layers.0", "layers.1", "layers.2"}
+
+
+def test_memory_report_of_fully_shard_counts_the_local_shards(observed):
+    """memory_report of a fully_shard model, per rank: parameter shards are the DTensors' local tensors (rank 1
+    holds fewer rows of the uneven layers), gradient shards the reduce-scatter outputs they are views of (padding
+    included), optimizer state the local tensors of AdamW's DTensor state; the tracer's last event saw the same."""
+    by_rank = observed["fully_shard"]
+    for out in by_rank:
+        report = out["report"]
+        assert report["params_sharded"] == out["local_shard_bytes"] > 0
+        assert report["grads_sharded"] == out["grad_storage_bytes"] >= out["local_grad_bytes"] > 0
+        assert report["optimizer_state"] == out["optimizer_bytes"] > 0
+        assert report["params_unsharded"] == report["grads_unsharded"] == 0
+        assert out["last_mem"] == report
+    assert by_rank[0]["local_shard_bytes"] > by_rank[1]["local_shard_bytes"], "9 rows on 2 ranks: 5 and 4"
 
 
 def test_bf16_stays_near_one_process():
@@ -140,6 +210,29 @@ def test_full_state_dict_has_plain_names_and_values(checkpoints):
     assert max((got[k] - ref[k]).abs().max().item() for k in got) <= TORCH_TOL
 
 
+@pytest.fixture(scope="module")
+def broadcast_loaded():
+    return {"torch": run_on_ranks(broadcast_loads, 2, "torch", timeout_s=300),
+            "fsdp_lab": run_on_ranks(broadcast_loads, 2, "fsdp_lab", timeout_s=300),
+            "plain": broadcast_loads(0, 1, "plain")}
+
+
+@pytest.mark.parametrize("variant", ["empty", "meta_dict", "meta_model"])
+def test_broadcast_from_rank0_loads_rank0s_weights_on_every_rank(broadcast_loaded, variant):
+    """Only rank 0 holds the full state dict; set_model_state_dict(..., broadcast_from_rank0=True) gives every
+    rank its shards of exactly those weights, and each trains them as torch's fully_shard does (and as one
+    process trained from the same weights)."""
+    plain = broadcast_loaded["plain"][variant]
+    for rank, (got, ref) in enumerate(zip(broadcast_loaded["fsdp_lab"], broadcast_loaded["torch"])):
+        got, ref = got[variant], ref[variant]
+        assert got["loaded_diff"] == 0.0, f"rank {rank} did not load rank 0's weights: {got['loaded_diff']}"
+        for key in ("tied", "count", "devices"):  # torch's assign=True load of a meta model unties head.weight
+            assert got[key] == ref[key], (rank, key, got[key], ref[key])
+        compare(got, ref, TORCH_TOL, f"{variant} on rank {rank}")
+        shared = {k: got["params"][k] for k in plain["params"]}  # an untied head.weight trains nothing
+        compare({**got, "params": shared}, plain, FP32_TOL, f"{variant} on rank {rank} against one process")
+
+
 def test_api_shape_and_refusals():
     out = run_on_ranks(api_checks, 1, timeout_s=300)[0]
     assert out["returned_same"] and out["isinstance"]
@@ -148,8 +241,8 @@ def test_api_shape_and_refusals():
     assert out["offload_default_ok"]
     for key, words in (("again", "already applied"), ("cpu_offload", "offload_policy=CPUOffloadPolicy"),
                        ("placement_fn", "shard_placement_fn"), ("module_list", "list of 2 modules"),
-                       ("bad_int", "reshard_after_forward=3"), ("bad_mp", "param_dtype"),
-                       ("tied_across", "tied"), ("positional", "positional")):
+                       ("bad_int", "reshard_after_forward=3 should be a factor of the mesh size 1"),
+                       ("bad_mp", "param_dtype"), ("tied_across", "tied"), ("positional", "positional")):
         assert out[key] is not None and words in out[key], (key, out[key])
     assert out["ignored_kept"], "an ignored parameter stays the plain, unsharded one"
     assert out["seam_missing"] == {"FlatParam": [], "ParamGroup": []}, "both layouts provide the whole seam"

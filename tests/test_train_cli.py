@@ -1,7 +1,7 @@
 """`fsdp-lab train`: flags, exit codes, the per-step output, and resume across world sizes, through the real CLI.
 
 The expensive part is starting ranks, so one 4-rank run (checkpoints, trace, JSON log, export) feeds several
-tests, and one 2-rank run resumes it. Option coverage (activation checkpointing, prefetch, strategies, bf16)
+tests, and one 2-rank run resumes it. Option coverage (activation checkpointing, prefetch options, strategies, bf16)
 runs in-process on ranks from fsdp_lab.training.launch, where one spawn can train several configurations.
 """
 import dataclasses
@@ -21,7 +21,7 @@ from fsdp_lab.checkpoint import files as files
 from fsdp_lab.commands import train as train_cmd
 from fsdp_lab.observe.trace import rank_file, read_events
 from fsdp_lab.training.launch import run_on_ranks
-from fsdp_lab.training.loop import TrainConfig, train
+from fsdp_lab.training.loop import TrainConfig, build, train
 from fsdp_lab.training.models import build_gpt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,7 +93,8 @@ def test_a_run_into_a_directory_of_checkpoints_without_resume_says_what_is_there
 def test_print_command_is_a_torchrun_line_that_round_trips(capsys):
     code, out = cli_exit(capsys, "--print-command", "--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1",
                          "--rdzv-endpoint", "head:29500", "--preset", "369m", "--mixed-precision", "bf16",
-                         "--prefetch", "--activation-checkpointing", "--global-batch", "16", "--resume",
+                         "--forward-prefetch", "--backward-prefetch", "BACKWARD_POST", "--no-limit-all-gathers",
+                         "--activation-checkpointing", "--global-batch", "16", "--resume",
                          "--checkpoint-dir", "/shared/ck", "--device", "cuda")
     assert code == 0, out
     argv = shlex.split(out.strip())
@@ -104,9 +105,38 @@ def test_print_command_is_a_torchrun_line_that_round_trips(capsys):
     parser = __import__("argparse").ArgumentParser()
     train_cmd.add_training_arguments(parser)
     cfg = train_cmd.config_from_args(parser.parse_args(worker))
-    assert cfg == dataclasses.replace(TrainConfig(), preset="369m", mixed_precision="bf16", prefetch=True,
+    assert cfg == dataclasses.replace(TrainConfig(), preset="369m", mixed_precision="bf16", forward_prefetch=True,
+                                      backward_prefetch="BACKWARD_POST", limit_all_gathers=False,
                                       activation_checkpointing=True, global_batch=16, resume="latest",
                                       checkpoint_dir="/shared/ck", device="cuda")
+
+
+def test_prefetch_defaults_are_what_a_torch_fsdp1_user_gets():
+    """No flags: backward_prefetch, forward_prefetch and limit_all_gathers take torch FSDP1's constructor
+    defaults, and each flag changes exactly its option."""
+    import inspect
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    torch_defaults = {k: p.default for k, p in inspect.signature(FullyShardedDataParallel.__init__).parameters.items()}
+    parser = __import__("argparse").ArgumentParser()
+    train_cmd.add_training_arguments(parser)
+    cfg = train_cmd.config_from_args(parser.parse_args([]))
+    assert cfg == TrainConfig()
+    assert cfg.backward_prefetch == torch_defaults["backward_prefetch"].name == "BACKWARD_PRE"
+    assert cfg.forward_prefetch is torch_defaults["forward_prefetch"] is False
+    assert cfg.limit_all_gathers is torch_defaults["limit_all_gathers"] is True
+    assert train_cmd.config_from_args(parser.parse_args(["--backward-prefetch", "none"])) == \
+        dataclasses.replace(TrainConfig(), backward_prefetch="none")
+
+
+def test_the_built_model_gets_the_prefetch_options(options):
+    """What build() hands FSDP (read back from the model): torch's defaults, and the flags' values."""
+    assert options[0]["settings base"] == {"backward_prefetch": "BACKWARD_PRE", "forward_prefetch": False,
+                                           "limit_all_gathers": True}
+    assert options[0]["settings no backward prefetch"]["backward_prefetch"] is None
+    assert options[0]["settings every prefetch option"] == {"backward_prefetch": "BACKWARD_POST",
+                                                            "forward_prefetch": True, "limit_all_gathers": False}
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +221,9 @@ def _options(rank, world_size, tmp):
     base = TrainConfig(steps=3, global_batch=4, lr=1e-2, progress=False)
     variants = {"base": base,
                 "activation_checkpointing": dataclasses.replace(base, activation_checkpointing=True),
-                "prefetch": dataclasses.replace(base, prefetch=True),
+                "no backward prefetch": dataclasses.replace(base, backward_prefetch="none"),
+                "every prefetch option": dataclasses.replace(base, forward_prefetch=True,
+                                                             backward_prefetch="BACKWARD_POST", limit_all_gathers=False),
                 "SHARD_GRAD_OP": dataclasses.replace(base, strategy="SHARD_GRAD_OP"),
                 "ZERO1": dataclasses.replace(base, strategy="ZERO1"),
                 "NO_SHARD": dataclasses.replace(base, strategy="NO_SHARD"),
@@ -203,6 +235,10 @@ def _options(rank, world_size, tmp):
                 before = calls["mlp"]
                 out[name] = [r["loss"] for r in train(rank, world_size, cfg, out=quiet)]
                 out[name + " mlp runs"] = calls["mlp"] - before
+                ctx = build(cfg, torch.device("cpu"))[0]._ctx
+                out["settings " + name] = {"backward_prefetch": getattr(ctx.backward_prefetch, "name", None),
+                                           "forward_prefetch": ctx.forward_prefetch,
+                                           "limit_all_gathers": ctx.limit_all_gathers}
     finally:
         models.MLP.forward = original
     return out
@@ -221,7 +257,8 @@ def test_activation_checkpointing_recomputes_and_matches(options):
         assert result["activation_checkpointing"] == pytest.approx(result["base"], rel=1e-6)
 
 
-@pytest.mark.parametrize("variant", ["prefetch", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
+@pytest.mark.parametrize("variant", ["no backward prefetch", "every prefetch option", "SHARD_GRAD_OP", "ZERO1",
+                                     "NO_SHARD"])
 def test_options_that_must_not_change_the_math(options, variant):
     assert options[0][variant] == pytest.approx(options[0]["base"], rel=1e-5)
 

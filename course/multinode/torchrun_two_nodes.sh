@@ -20,7 +20,7 @@ CKPT="${CKPT:-$HOME/fsdp-lab-runs/369m}"
 mkdir -p "$CKPT"
 exec fsdp-lab train \
   --nnodes "$NNODES" --node-rank "$NODE_RANK" --rdzv-endpoint "$HEAD:$PORT" --nproc-per-node "$GPUS" \
-  --device cuda --preset 369m --mixed-precision bf16 --prefetch \
+  --device cuda --preset 369m --mixed-precision bf16 --forward-prefetch \
   --global-batch 16 --steps 200 --lr 3e-4 --timeout 600 \
   --checkpoint-dir "$CKPT" --checkpoint-every 50 --resume \
   --json-log "$CKPT.log.jsonl"

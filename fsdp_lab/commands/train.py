@@ -63,6 +63,7 @@ def _endpoint(text: str) -> str:
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdp_lab.runtime.strategy import ShardingStrategy
+    from fsdp_lab.training.loop import BACKWARD_PREFETCH_CHOICES
     from fsdp_lab.training.models import PRESETS
 
     g = parser.add_argument_group("training")
@@ -71,7 +72,13 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                    help="FULL_SHARD (ZeRO-3, default), SHARD_GRAD_OP (ZeRO-2), ZERO1, NO_SHARD (DDP)")
     g.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: gather and compute in bf16, reduce gradients in fp32, fp32 masters (default fp32)")
-    g.add_argument("--prefetch", action="store_true", help="forward_prefetch and BACKWARD_PRE backward prefetch")
+    g.add_argument("--backward-prefetch", choices=BACKWARD_PREFETCH_CHOICES, default="BACKWARD_PRE",
+                   help="when backward issues the next unit's re-gather (default BACKWARD_PRE, torch FSDP's; none: "
+                        "on demand)")
+    g.add_argument("--forward-prefetch", action="store_true",
+                   help="issue the next unit's gather before this unit's forward compute (torch's default: off)")
+    g.add_argument("--no-limit-all-gathers", dest="limit_all_gathers", action="store_false",
+                   help="do not bound the unsharded units alive at once (torch's default limit_all_gathers=True)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each Block's forward during backward (non-reentrant torch.utils.checkpoint)")
     g.add_argument("--steps", type=positive_int, default=10, help="train until this step (default 10)")

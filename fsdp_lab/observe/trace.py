@@ -1,7 +1,8 @@
 """Lifecycle trace: one JSON line per event per rank, flushed as written so a notebook can follow a live job.
 
 Off by default: a model without a tracer pays one `is None` check per event. Switch it on with
-`with trace.record(model, path, optimizer=opt): ...` (or model.set_tracer(Tracer(...))).
+`with trace.record(model, path, optimizer=opt): ...` (or model.set_tracer(Tracer(...))). `model` is a model
+wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front ends emit the same events.
 
 Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}.
 "mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.memory) and, on CUDA, "cuda_allocated" and
@@ -20,6 +21,7 @@ import torch
 
 from fsdp_lab.observe.traffic import collective_bytes
 from fsdp_lab.runtime.memory import memory_report
+from fsdp_lab.runtime.observed import set_tracer, shared_state
 
 
 class Tracer:
@@ -43,7 +45,7 @@ class Tracer:
 
     def memory(self) -> dict:
         mem = memory_report(self.model, self.optimizer).as_dict() if self.model is not None else {}
-        device = getattr(getattr(self.model, "_ctx", None), "device", None)
+        device = shared_state(self.model).device if self.model is not None else None
         if device is not None and device.type == "cuda":
             mem["cuda_allocated"] = torch.cuda.memory_allocated(device)
             mem["cuda_reserved"] = torch.cuda.memory_reserved(device)
@@ -83,12 +85,12 @@ class Tracer:
 @contextlib.contextmanager
 def record(model, path: Optional[str | os.PathLike] = None, optimizer=None, **kwargs) -> Iterator[Tracer]:
     """Trace `model` inside the block; the tracer is detached (and the file closed) however the block exits."""
-    tracer = Tracer(path, rank=model.rank, model=model, optimizer=optimizer, **kwargs)
-    model.set_tracer(tracer)
+    tracer = Tracer(path, rank=shared_state(model).rank, model=model, optimizer=optimizer, **kwargs)
+    set_tracer(model, tracer)
     try:
         yield tracer
     finally:
-        model.set_tracer(None)
+        set_tracer(model, None)
         tracer.close()
 
 

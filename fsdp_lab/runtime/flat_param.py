@@ -83,6 +83,7 @@ class FlatParam(UnshardedViews):
         self.shard_offset = start if (shard_storage or keep_replica) else 0  # where the shard starts in `flat`
         self.orig_params = None  # use_orig_params: one Parameter per slot ([Note: original parameters])
         self.replica = None
+        self.post_forward_shard = None  # fully_shard's reshard_after_forward=int only: never set here
         self.replica_epoch = 0  # ZeRO-1: the FSDPState.param_epoch whose masters the replica holds (None: stale)
         # [Note: no whole flat buffer at wrap time] Only what this rank keeps is allocated (its chunk, or all of it
         # where it keeps a replica); load_params copies each parameter's overlap with it in. So wrapping a unit
@@ -124,6 +125,13 @@ class FlatParam(UnshardedViews):
             return self.replica.requires_grad_(self.requires_grad)
         full = torch.empty(self.padded_numel, dtype=self.compute_dtype, device=flat.device)
         return full.requires_grad_(self.requires_grad)
+
+    def local_shards(self) -> list[torch.Tensor]:
+        """The master this rank holds: its flat shard (under NO_SHARD, the whole buffer)."""
+        return [self.shard]
+
+    def local_grads(self) -> list[torch.Tensor]:
+        return [] if self.shard.grad is None else [self.shard.grad]
 
     # -- the collectives' copy-in and copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py) -------------
     def copy_in(self) -> torch.Tensor:

@@ -82,6 +82,7 @@ class FSDPModule:
         for module in self._fsdp_modules(recurse):
             state = module.__dict__["_fsdp_lab_state"]
             state.unit.reshard_after_forward, state.auto_reshard = reshard_after_forward, False
+            state.post_forward_size = state.unit.post_forward_group = None  # a bool replaces an int, as in torch
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse: bool = True) -> None:
         """False keeps the parameters unsharded after backward (micro-batches without a re-gather); set it back

@@ -8,7 +8,9 @@ that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/para
 later fully_shard(model) may wrap it. As in torch, the first forward (or FSDPModule method) decides: the module
 it runs on, and every fully_shard module below it, join that root's FSDPState (one process group, one step's
 flags, one end-of-backward callback); the root's reshard_after_forward=None becomes False (its parameters are
-needed first in backward), everyone else's True.
+needed first in backward), everyone else's True. An int k between 1 and the mesh size keeps, after forward,
+each rank's share of its group of k ranks, and backward re-gathers within that group
+([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from fsdp_lab.runtime.fsdp_module import FSDPModule
 from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
 from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
 from fsdp_lab.runtime.param_group import ParamGroup
+from fsdp_lab.runtime.post_forward import check_group_size, make_post_forward_groups
 from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.state import FSDPState
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
@@ -39,6 +42,7 @@ class FullyShardState:
                  auto_reshard: bool, originals):
         self.module, self.unit, self.mesh, self.device = module, unit, mesh, device
         self.mp_policy, self.auto_reshard, self.originals = mp_policy, auto_reshard, originals
+        self.post_forward_size: Optional[int] = None  # reshard_after_forward=int strictly between 1 and N
         self.root: Optional[FullyShardState] = None
         self.ctx: Optional[FSDPState] = None  # the root's: one per model
         self.states: list[FullyShardState] = []  # root only: every fully_shard module of the model, root first
@@ -68,6 +72,7 @@ class FullyShardState:
                         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, max_gathers_in_flight=2,
                         on_backward_start=self._on_backward_start)
         names = {id(m): n for n, m in self.module.named_modules()}
+        groups = make_post_forward_groups(self.mesh, [s.post_forward_size for s in states if s.post_forward_size])
         for s in states:
             s.root, s.ctx = self, ctx
             s.unit.ctx, s.unit.is_root = ctx, s is self
@@ -76,6 +81,8 @@ class FullyShardState:
                 layout.unit_name = s.unit.name
             if s.auto_reshard:
                 s.unit.reshard_after_forward = s is not self
+            if s.post_forward_size:
+                s.unit.post_forward_group = groups[s.post_forward_size]
         self.states = states
 
     # -- hooks -------------------------------------------------------------------------------------------------
@@ -137,7 +144,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     mp_policy = coerce_mp_policy(mp_policy)
     mesh = _check_mesh(mesh)
     device = _mesh_device(mesh)
-    after_forward = _check_reshard_after_forward(reshard_after_forward, mesh.size())
+    after_forward = _check_reshard_after_forward(reshard_after_forward, mesh)
     ignored = {id(p) for p in (ignored_params or ())}
     trainable, frozen, originals = _collect_params(module, ignored)
     for sub in _managed_modules(module):
@@ -153,8 +160,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
                                   device=device))
     unit = Unit(type(module).__name__, module, layouts, ctx=None, is_root=False)
-    unit.reshard_after_forward = True if after_forward is None else after_forward
+    unit.reshard_after_forward = True if after_forward is None else bool(after_forward)
     state = FullyShardState(module, unit, mesh, device, mp_policy, after_forward is None, originals)
+    if type(after_forward) is int:
+        state.post_forward_size = after_forward
     module.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
     unit.hook_handles = [module.register_forward_pre_hook(state.pre_forward, with_kwargs=True),
                          module.register_forward_hook(state.post_forward)]
@@ -191,19 +200,21 @@ def _mesh_device(mesh) -> torch.device:
     return torch.device(mesh.device_type, module.current_device())
 
 
-def _check_reshard_after_forward(value, world_size: int) -> Optional[bool]:
-    """None, a bool, or (as torch) an int: 1 means False, the mesh size means True; a size in between (reshard
-    to a smaller group after forward) is not supported."""
+def _check_reshard_after_forward(value, mesh):
+    """None, a bool, or (as torch) an int that divides the mesh size N: 1 means False (reshard to one rank: keep
+    everything), N means True, a size k in between is returned as k: after forward, reshard to groups of k ranks
+    (fsdp_lab/runtime/post_forward.py)."""
     if value is None or isinstance(value, bool):
         return value
     if not isinstance(value, int):
         raise ValueError(f"reshard_after_forward should be a bool or an int, not {value!r}")
+    world_size = mesh.size()
     if value < 1 or value > world_size or world_size % value:
         raise ValueError(f"reshard_after_forward={value} should be a factor of the mesh size {world_size}")
     if value in (1, world_size):
         return value == world_size
-    raise ValueError(f"fully_shard option reshard_after_forward={value} (reshard to {value} of {world_size} ranks "
-                     f"after forward) is not supported by fsdp_lab; pass True, False, 1 or {world_size}")
+    check_group_size(mesh, value)
+    return value
 
 
 def _managed_modules(module: nn.Module) -> list[nn.Module]:

@@ -33,9 +33,15 @@ class ShardLayout(Protocol):
     full: torch.Tensor  # the unsharded buffer (an autograd leaf when trainable); 0 bytes while freed
     shard: Optional[torch.Tensor]  # FlatParam: the fp32 master; ParamGroup: None (the masters are per parameter)
     persistent_full: bool  # the unsharded buffer is never freed (replicated strategies)
+    replica: Optional[torch.Tensor]  # FlatParam under ZeRO-1: the replicated fp32 parameters; otherwise None
+    post_forward_shard: Optional[torch.Tensor]  # ParamGroup, reshard_after_forward=int: kept after forward
     orig_params: Optional[list]  # FSDP1 use_orig_params only
     grad_stash: Optional[torch.Tensor]  # set by the Unit: no_sync's local gradient
     replica_grad: Optional[torch.Tensor]
+
+    # what this rank holds (memory_report): the masters the optimizer steps, and their gradients
+    def local_shards(self) -> list[torch.Tensor]: ...
+    def local_grads(self) -> list[torch.Tensor]: ...
 
     # storage of the unsharded buffer
     def alloc_full(self) -> torch.Tensor: ...

@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
+
+from fsdp_lab.runtime.observed import shards_params, units_of
 
 from fsdp_lab.runtime.misuse import FLAT_OF
 
@@ -38,6 +41,8 @@ class _Counter:
     def add(self, kind: str, tensor) -> None:
         if tensor is None:
             return
+        if isinstance(tensor, DTensor):  # fully_shard's optimizer state: the bytes are the local tensor's
+            tensor = tensor._local_tensor
         storage = tensor.untyped_storage()
         if storage.nbytes() == 0 or storage.data_ptr() in self.seen:
             return
@@ -46,14 +51,19 @@ class _Counter:
 
 
 def memory_report(model, optimizer=None) -> MemoryBytes:
+    """Live bytes by kind on this rank, of a model wrapped by FSDP or the root of a fully_shard model, read through
+    the layout seam (fsdp_lab/runtime/layout.py): the same count for flat and per-parameter shards."""
     counter = _Counter()
-    sharded = model.sharding_strategy.shards_params
-    for unit in model.units:
+    sharded = shards_params(model)
+    for unit in units_of(model):
         for flat in unit.flats:
-            counter.add("params_sharded" if sharded else "params_unsharded", flat.shard)
+            for shard in flat.local_shards():
+                counter.add("params_sharded" if sharded else "params_unsharded", shard)
             counter.add("params_unsharded", flat.replica)
             counter.add("params_unsharded", flat.full)
-            counter.add("grads_sharded" if sharded else "grads_unsharded", flat.shard.grad)
+            counter.add("params_unsharded", flat.post_forward_shard)
+            for grad in flat.local_grads():
+                counter.add("grads_sharded" if sharded else "grads_unsharded", grad)
             counter.add("grads_unsharded", flat.replica_grad)
             counter.add("grads_unsharded", flat.grad_stash)
             if flat.full is not flat.shard:

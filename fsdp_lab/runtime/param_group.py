@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from fsdp_lab.runtime.collectives import Collective, all_gather_flat
 from fsdp_lab.runtime.layout import UnshardedViews
 
 
@@ -84,8 +85,9 @@ class ParamGroup(UnshardedViews):
         self.unit_name, self.requires_grad = unit_name, requires_grad
         self.world_size, self.rank = mesh.size(), mesh.get_local_rank()
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
-        self.shard, self.orig_params, self.persistent_full = None, None, False
+        self.shard, self.orig_params, self.persistent_full, self.replica = None, None, False, None
         self.grad_stash = self.replica_grad = None
+        self.post_forward_shard = None  # reshard_after_forward=int: what this rank keeps after forward
         n, slots = self.world_size, []
         for param, aliases in entries:
             if param.dim() == 0:
@@ -103,6 +105,7 @@ class ParamGroup(UnshardedViews):
         self.shard_numel = sum(s.shard_numel for s in slots)  # S
         self._padded_sizes = [n * s.shard_numel for s in slots]
         self._held = [s for s in slots if s.local_rows]  # the parameters with rows on this rank
+        self._tied = [s for s in slots if len(s.aliases) > 1]
         # The send buffer cut into (held rows, padding) per parameter; picks: the pieces that take a parameter.
         self._send_sizes, self._send_picks = [], []
         for s in slots:
@@ -117,9 +120,18 @@ class ParamGroup(UnshardedViews):
         self.full.requires_grad_(requires_grad)
         self.free_full()
 
+    def local_shards(self) -> list[torch.Tensor]:
+        """The local tensors of this group's sharded DTensor parameters (empty ones for ranks past the rows)."""
+        return [slot.registered()._local_tensor for slot in self.slots]
+
+    def local_grads(self) -> list[torch.Tensor]:
+        grads = [slot.registered().grad for slot in self.slots]
+        return [g._local_tensor for g in grads if g is not None]
+
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
         """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
+        self._retie()
         send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
         # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
         # per gather, and no gradient flows through a copy-in.
@@ -128,17 +140,45 @@ class ParamGroup(UnshardedViews):
         torch._foreach_copy_([parts[i] for i in self._send_picks], src)
         return send
 
+    def _retie(self) -> None:
+        """A load_state_dict(assign=True) assigns each name of a tied weight its own new parameter (torch's
+        set_model_state_dict does, loading into a meta model): point every alias back at the first name's, as
+        torch's fully_shard does when it next gathers, so the weight is one parameter again."""
+        for slot in self._tied:
+            param = slot.registered()
+            for module, attr, _name in slot.aliases[1:]:
+                if module._parameters.get(attr) is not param:
+                    module._parameters[attr] = param
+
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
         """Where the all-gather writes: a rank-major staging buffer, or `full` itself at world size 1."""
         return full if self.world_size == 1 else torch.empty_like(full)
 
     def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
-        if output is full:
-            return
-        n = self.world_size
+        if output is not full:
+            self._blocks_to_full(output, full, self.world_size)
+
+    def _blocks_to_full(self, output: torch.Tensor, full: torch.Tensor, n: int) -> None:
+        """`output` holds n equal blocks, block j being the j-th 1/n of every parameter's padded rows end to end;
+        put each parameter's n parts one after the other in `full`."""
         targets = [part.view(n, -1) for part in torch.split(full, self._padded_sizes)]
-        torch.split_with_sizes_copy(output.view(n, -1), [s.shard_numel for s in self.slots], dim=1, out=targets)
+        torch.split_with_sizes_copy(output.view(n, -1), [p // n for p in self._padded_sizes], dim=1, out=targets)
+
+    # -- reshard_after_forward=int ([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py) ----------
+    def keep_post_forward(self, group) -> None:
+        """Keep block `group.rank` of `group.size` of every parameter's padded rows of `full` (one copy)."""
+        parts = torch.split(self.full.detach(), self._padded_sizes)
+        self.post_forward_shard = torch.cat([part.view(group.size, -1)[group.rank] for part in parts])
+
+    def gather_in_group(self, full: torch.Tensor, group) -> Collective:
+        """Refill `full` from the post-forward shards of `group`'s ranks (then dropped): one all-gather over the
+        group, then the copy-out."""
+        send, self.post_forward_shard = self.post_forward_shard, None
+        output = torch.empty(group.size * send.numel(), dtype=send.dtype, device=send.device)
+        call = all_gather_flat(output, send, group.pg, group.size, self.unit_name)
+        self._blocks_to_full(output, full, group.size)
+        return call
 
     def views(self) -> list[torch.Tensor]:
         """Each parameter's unsharded tensor: the first d0 rows of its part of `full` (tracked by autograd)."""

@@ -265,8 +265,9 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
                            flat.unit_name)
 
 
-def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
-    """Issue one flat's gather into its unsharded buffer on the gather stream. Returns (event, what moved): the
+def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]:
+    """Issue one flat's gather into its unsharded buffer on the gather stream; with `group`, from the shards kept
+    after forward, within that group (fsdp_lab/runtime/post_forward.py). Returns (event, what moved): the
     buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`)."""
     strategy, streams = ctx.strategy, ctx.streams
     with torch.no_grad(), streams.side("gather"):
@@ -283,6 +284,8 @@ def gather_flat_param(ctx, flat) -> tuple[Any, Optional[Collective]]:
             comm = refresh_replica(ctx, flat)
             if full is not None:
                 full.copy_(flat.replica.data)
+        elif group is not None:  # reshard_after_forward=int ([Note: the post-forward shard])
+            comm = flat.gather_in_group(full, group)
         else:  # the layout's copy-in (casting to the compute dtype: a bf16 policy sends bf16), the all-gather,
             # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py)
             output = flat.gather_output(full)

@@ -42,13 +42,20 @@ class UnitState(enum.Enum):
     """An all-gather into the unsharded buffer is in flight (prefetch); wait before computing."""
     UNSHARDED = "UNSHARDED"
     """The unit's full parameters are live and the module's attributes are views of them."""
+    SHARDED_POST_FORWARD = "SHARDED_POST_FORWARD"
+    """fully_shard's reshard_after_forward=int after forward: the unsharded buffer is freed, and this rank keeps
+    its group's part of it for backward's re-gather within the group (fsdp_lab/runtime/post_forward.py)."""
 
 
 _TRANSITIONS = {
     (UnitState.SHARDED, "gather"): UnitState.GATHERING,
     (UnitState.GATHERING, "gathered"): UnitState.UNSHARDED,
     (UnitState.UNSHARDED, "free"): UnitState.SHARDED,
+    (UnitState.UNSHARDED, "reshard_to_group"): UnitState.SHARDED_POST_FORWARD,
+    (UnitState.SHARDED_POST_FORWARD, "gather"): UnitState.GATHERING,
+    (UnitState.SHARDED_POST_FORWARD, "free"): UnitState.SHARDED,
 }
+_GATHERABLE = (UnitState.SHARDED, UnitState.SHARDED_POST_FORWARD)
 
 
 class _InputsGradReady(torch.autograd.Function):
@@ -84,6 +91,8 @@ class Unit:
         self.requires_gradient_sync = True
         self.forward_prefetch_units = None  # None: the neighbour in the recorded order (if prefetch is on)
         self.backward_prefetch_units = None
+        self.post_forward_group = None  # reshard_after_forward=int: the PostForwardGroup to reshard to
+        self._held_group = None  # the group whose shards this unit holds (state SHARDED_POST_FORWARD)
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
@@ -119,19 +128,21 @@ class Unit:
     def gather(self, phase: str, wait: bool = True) -> None:
         """Issue the all-gather of every flat (copy-in casts the fp32 shard to the compute dtype); with
         wait=False (prefetch) the unit stays GATHERING until wait_gathered()."""
-        if self.state is not UnitState.SHARDED:
+        if self.state not in _GATHERABLE:
             return
+        group, self._held_group = self._held_group, None  # set: re-gather within it, from the kept shards
         self._transition("gather")
         event = "regather" if phase == "backward" else "gather"
-        self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait)
+        extra = {} if group is None else {"group": list(group.ranks)}
+        self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait, **extra)
         calls = []
         with label(f"fsdp_lab::{event} {self.name}"):
             for flat in self.flats:
-                gathered, comm = gather_flat_param(self.ctx, flat)
+                gathered, comm = gather_flat_param(self.ctx, flat, group)
                 self._pending.append(gathered)
                 if comm is not None:
                     calls.append(comm)
-        self._gather_comm = (event, phase, tuple(calls))
+        self._gather_comm = (event, phase, tuple(calls), extra)
         if wait:
             self.wait_gathered()
 
@@ -142,17 +153,24 @@ class Unit:
             self.ctx.streams.compute_waits(event)
         self._pending.clear()
         self._transition("gathered")
-        event, phase, calls = self._gather_comm
-        self.ctx.emit(f"{event}_end", self.name, phase, calls)
+        event, phase, calls, extra = self._gather_comm
+        self.ctx.emit(f"{event}_end", self.name, phase, calls, **extra)
 
     def ensure_unsharded(self, phase: str) -> None:
-        if self.state is UnitState.SHARDED:
+        if self.state in _GATHERABLE:
             self.gather(phase)
         self.wait_gathered()
 
     def free(self, phase: str) -> None:
         if self.state is UnitState.GATHERING:
             self.wait_gathered()
+        if self.state is UnitState.SHARDED_POST_FORWARD:  # drop the kept shards: nothing re-gathers from them
+            for flat in self.flats:
+                flat.post_forward_shard = None
+            self._held_group = None
+            self._transition("free")
+            self.ctx.emit("free", self.name, phase)
+            return
         if self.state is not UnitState.UNSHARDED:
             return
         for flat in self.flats:
@@ -161,6 +179,21 @@ class Unit:
         self.ctx.frees.push(self.flats)  # storage kept until its readers are done ([Note: memory across streams])
         self._transition("free")
         self.ctx.emit("free", self.name, phase)
+
+    def reshard_to_group(self) -> None:
+        """reshard_after_forward=int: free the unsharded buffer as free() does, keeping this rank's part of it for
+        its group ([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py). The copy runs on the
+        gather stream, which wrote `full` and reads the kept shards again."""
+        group = self.post_forward_group
+        with torch.no_grad(), self.ctx.streams.side("gather"):
+            for flat in self.flats:
+                flat.keep_post_forward(group)
+        for flat in self.flats:
+            flat.uninstall_views()
+        self.ctx.frees.push(self.flats)
+        self._held_group = group
+        self._transition("reshard_to_group")
+        self.ctx.emit("free", self.name, "forward", group=list(group.ranks))
 
     # -- forward -------------------------------------------------------------------------------------------
     def pre_forward(self, module, args, kwargs):
@@ -210,7 +243,9 @@ class Unit:
             self._backward_pending = True
             self._reduced = self._inputs_grad_ready = self._backward_started = False
             self._reduced_flats.clear()
-        if not hooked or self.frees_after_forward:
+        if hooked and self.frees_after_forward and self.post_forward_group is not None:
+            self.reshard_to_group()
+        elif not hooked or self.frees_after_forward:
             self.free("forward")
         return output
 
@@ -258,7 +293,7 @@ class Unit:
             self._prefetch(self.ctx.neighbour(self, step), phase)
 
     def _prefetch(self, unit, phase):
-        if unit is None or unit.state is not UnitState.SHARDED:
+        if unit is None or unit.state not in _GATHERABLE:
             return
         if phase == "backward" and not unit._backward_pending:
             return

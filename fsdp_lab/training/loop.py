@@ -39,13 +39,20 @@ from fsdp_lab.training.log_output import WarnOnceWriter
 from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
 
 
+BACKWARD_PREFETCH_CHOICES = ("BACKWARD_PRE", "BACKWARD_POST", "none")  # "none": backward_prefetch=None
+NEGATED_FLAGS = {"progress": "--no-progress", "limit_all_gathers": "--no-limit-all-gathers"}  # on by default
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything one rank needs to train; the flags of `fsdp-lab train` map one to one onto these fields."""
     preset: str = "tiny"
     strategy: str = "FULL_SHARD"
     mixed_precision: str = "fp32"
-    prefetch: bool = False
+    # FSDP's prefetch options, with torch FSDP1's defaults (what a torch user gets without naming them)
+    backward_prefetch: str = "BACKWARD_PRE"  # or "BACKWARD_POST", or "none" (backward_prefetch=None)
+    forward_prefetch: bool = False
+    limit_all_gathers: bool = True
     activation_checkpointing: bool = False
     steps: int = 10
     global_batch: int = 8
@@ -70,7 +77,8 @@ class TrainConfig:
                                      ("strategy", self.strategy, tuple(ShardingStrategy.__members__)),
                                      ("mixed-precision", self.mixed_precision, ("fp32", "bf16")),
                                      ("device", self.device, ("cpu", "cuda")),
-                                     ("backend", self.backend, ("auto", "gloo", "nccl"))):
+                                     ("backend", self.backend, ("auto", "gloo", "nccl")),
+                                     ("backward-prefetch", self.backward_prefetch, BACKWARD_PREFETCH_CHOICES)):
             if value not in allowed:
                 raise ValueError(f"--{flag} {value!r}: expected one of {', '.join(allowed)}")
         for flag, value in (("steps", self.steps), ("global-batch", self.global_batch)):
@@ -109,8 +117,8 @@ class TrainConfig:
         argv = []
         for name, value in asdict(self).items():
             flag = "--" + name.replace("_", "-")
-            if name == "progress":
-                argv += [] if value else ["--no-progress"]
+            if name in NEGATED_FLAGS:  # on by default: the flag turns it off
+                argv += [] if value else [NEGATED_FLAGS[name]]
             elif isinstance(value, bool):
                 argv += [flag] if value else []
             elif value is not None:
@@ -183,8 +191,9 @@ def build(cfg: TrainConfig, device: torch.device):
     mp = MixedPrecision(torch.bfloat16, torch.float32) if cfg.mixed_precision == "bf16" else None
     model = FSDP(build_gpt(cfg.preset, seed=cfg.seed), sharding_strategy=cfg.strategy,
                  auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp,
-                 device_id=device if device.type == "cuda" else None, forward_prefetch=cfg.prefetch,
-                 backward_prefetch=BackwardPrefetch.BACKWARD_PRE if cfg.prefetch else None)
+                 device_id=device if device.type == "cuda" else None, forward_prefetch=cfg.forward_prefetch,
+                 backward_prefetch=None if cfg.backward_prefetch == "none" else BackwardPrefetch[cfg.backward_prefetch],
+                 limit_all_gathers=cfg.limit_all_gathers)
     if cfg.activation_checkpointing:
         apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

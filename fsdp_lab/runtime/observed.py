@@ -1,0 +1,62 @@
+"""A model of either front end as an observer sees it: its units, its shared state, the rank and device.
+
+fsdp_lab.observe (the tracer, `trace.record`) and `memory_report` take a model wrapped by `FSDP` or a module
+`fully_shard` was applied to (the root of the model), through these functions: the units and their layouts
+(fsdp_lab/runtime/layout.py) are the same core under both, only how to reach them differs. FSDP keeps its units
+and state on the wrapper; fully_shard keeps one unit on each FSDPModule and the shared state on the root, which
+the first forward decides ([Note: the root of a fully_shard model] in fsdp_lab/runtime/fully_shard.py).
+
+Duck-typed on purpose: fsdp_lab/runtime/api.py (the FSDP wrapper) imports memory_report, so this module cannot
+import it back.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from fsdp_lab.runtime.fsdp_module import FSDPModule
+from fsdp_lab.runtime.state import FSDPState
+
+
+def is_fully_shard(model) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def _check(model) -> None:
+    if is_fully_shard(model):
+        return
+    if not isinstance(model, nn.Module) or not isinstance(model.__dict__.get("_ctx"), FSDPState):
+        raise TypeError(f"expected a model wrapped by fsdp_lab.FSDP or a module fsdp_lab.fully_shard was applied to, "
+                        f"got {type(model).__name__}")
+
+
+def units_of(model) -> list:
+    """Every unit of the model. fully_shard: the groups of `model` and the fully_shard modules below it."""
+    _check(model)
+    if is_fully_shard(model):
+        return [m.__dict__["_fsdp_lab_state"].unit for m in model.modules() if isinstance(m, FSDPModule)]
+    return model.units
+
+
+def shards_params(model) -> bool:
+    """Whether a rank keeps only its part of the parameters between steps (fully_shard always does)."""
+    _check(model)
+    return True if is_fully_shard(model) else model.sharding_strategy.shards_params
+
+
+def shared_state(model) -> FSDPState:
+    """The FSDPState every unit of the model shares. For fully_shard this decides the root now, as torch's
+    FSDPModule methods do: `model` becomes the root, so pass the outermost fully_shard module."""
+    _check(model)
+    if is_fully_shard(model):
+        state = model.__dict__["_fsdp_lab_state"]
+        state.lazy_init()
+        if state.root is not state:
+            raise ValueError(f"this {type(model).__name__} is not the root of its fully_shard model (the root is a "
+                             f"{type(state.root.module).__name__}): observe the root")
+        return state.ctx
+    return model._ctx
+
+
+def set_tracer(model, tracer) -> None:
+    """Attach (or with None, detach) a tracer: every unit's lifecycle events go to `tracer.emit`."""
+    shared_state(model).tracer = tracer
