@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
+CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "06a", "07", "08", "09", "10"]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -159,7 +159,7 @@ def test_answers_wait_to_be_asked_for(notebook):
 
 def test_every_chapter_with_a_quiz_file_shows_its_quiz(notebook):
     path, nb = notebook
-    number = path.name[:2]
+    number = path.name.split("-", 1)[0]
     if not list((REPO / "quizzes").glob(f"{number}-*.yaml")):
         return
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")

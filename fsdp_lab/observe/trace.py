@@ -18,6 +18,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from fsdp_lab.observe import fully_shard as fully_shard_model
 from fsdp_lab.observe.traffic import collective_bytes
 from fsdp_lab.runtime.memory import memory_report
 
@@ -42,8 +43,14 @@ class Tracer:
         self._hook = optimizer.register_step_post_hook(lambda *_: self._on_optimizer_step())
 
     def memory(self) -> dict:
-        mem = memory_report(self.model, self.optimizer).as_dict() if self.model is not None else {}
-        device = getattr(getattr(self.model, "_ctx", None), "device", None)
+        if self.model is None:
+            return {}
+        if fully_shard_model.is_fully_shard(self.model):
+            mem = fully_shard_model.memory_report(self.model, self.optimizer).as_dict()
+            device = fully_shard_model.root_state(self.model).device
+        else:
+            mem = memory_report(self.model, self.optimizer).as_dict()
+            device = getattr(getattr(self.model, "_ctx", None), "device", None)
         if device is not None and device.type == "cuda":
             mem["cuda_allocated"] = torch.cuda.memory_allocated(device)
             mem["cuda_reserved"] = torch.cuda.memory_reserved(device)
@@ -80,15 +87,30 @@ class Tracer:
             self._file = None
 
 
+def attach(model, tracer: Optional[Tracer]) -> None:
+    """Attach `tracer` (None: detach) to an FSDP model or to the root of a fully_shard model."""
+    if fully_shard_model.is_fully_shard(model):
+        fully_shard_model.set_tracer(model, tracer)
+    else:
+        model.set_tracer(tracer)
+
+
+def model_rank(model) -> int:
+    if fully_shard_model.is_fully_shard(model):
+        return fully_shard_model.root_state(model).ctx.rank
+    return model.rank
+
+
 @contextlib.contextmanager
 def record(model, path: Optional[str | os.PathLike] = None, optimizer=None, **kwargs) -> Iterator[Tracer]:
-    """Trace `model` inside the block; the tracer is detached (and the file closed) however the block exits."""
-    tracer = Tracer(path, rank=model.rank, model=model, optimizer=optimizer, **kwargs)
-    model.set_tracer(tracer)
+    """Trace `model` (FSDP, or the root of a fully_shard model) inside the block; the tracer is detached (and the
+    file closed) however the block exits."""
+    tracer = Tracer(path, rank=model_rank(model), model=model, optimizer=optimizer, **kwargs)
+    attach(model, tracer)
     try:
         yield tracer
     finally:
-        model.set_tracer(None)
+        attach(model, None)
         tracer.close()
 
 
