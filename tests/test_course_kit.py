@@ -5,6 +5,7 @@ kit parses with the real CLI parser, the one-machine two-node rehearsal runs, an
 """
 import importlib.util
 import inspect
+import json
 import os
 import re
 import shlex
@@ -173,6 +174,20 @@ def test_every_notebook_is_in_the_syllabus_and_has_notes():
 
 
 # -- instructor notes ---------------------------------------------------------------------------------------
+def test_notes_of_every_chapter_calling_fsdp1_say_it_is_legacy():
+    """Where a notebook calls FSDP(...) (torch's legacy FSDP1 API), its notes say so and name fully_shard and
+    chapter 06a, as the notebook does."""
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")):
+        number = nb.name.split("-", 1)[0]
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        if number == "06a" or not any(c["cell_type"] == "code" and re.search(r"\bFSDP\(", "".join(c["source"]))
+                                      for c in cells):
+            continue
+        text = next((COURSE / "instructor-notes").glob(f"{number}-*.md")).read_text()
+        assert re.search(r"\blegacy\b", text) and "fully_shard" in text and "06a" in text, \
+            f"notes {number}: the notebook calls FSDP(...) but the notes do not say FSDP1 is legacy"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_instructor_notes_have_the_four_parts_and_sourced_numbers(chapter):
     path = next((COURSE / "instructor-notes").glob(f"{chapter}-*.md"))

@@ -50,3 +50,19 @@ def copy_cost(ranks: list, steps: int) -> None:
     ax.set_title("the all-gathers' copies, per step (torch.profiler)")
     ax.legend(fontsize=8, ncol=2)
     show(fig)
+
+
+def side_by_side(rows: list, left: str = "FSDP1", right: str = "FSDP2"):
+    """Two scripts as a two-column table (fsdp_lab.lessons.experiments.fsdp2.script_diff's rows): changed lines
+    shaded, a line only one side has left blank on the other."""
+    from html import escape
+
+    from IPython.display import HTML
+
+    shade = {"=": "", "~": "background:#fef3c7", "-": "background:#fee2e2", "+": "background:#dcfce7"}
+    cell = "padding:0 8px;font-family:monospace;font-size:12px;white-space:pre;text-align:left;vertical-align:top"
+    body = "".join(f"<tr style='{shade[tag]}'><td style='{cell};color:#6b7280'>{tag}</td>"
+                   f"<td style='{cell}'>{escape(a)}</td><td style='{cell}'>{escape(b)}</td></tr>"
+                   for tag, a, b in rows)
+    head = f"<tr><th></th><th style='{cell}'>{escape(left)}</th><th style='{cell}'>{escape(right)}</th></tr>"
+    return HTML(f"<table style='border-collapse:collapse'>{head}{body}</table>")
