@@ -25,8 +25,8 @@ def weight_owners(ranks: list, weight: str) -> None:
         ax.imshow(colours[owner.reshape(rows, cols)], aspect="auto", interpolation="nearest")
         ax.set_title(f"{name}\n{first['shape'][0]}×{cols}: {ranks[0]['front_ends'][name]['owned']['layout']}",
                      fontsize=9)
-        ax.set_xlabel("column")
-    np.atleast_1d(axes)[0].set_ylabel(f"row of {weight}")
+        ax.set_xlabel("column (element index)")
+    np.atleast_1d(axes)[0].set_ylabel(f"row of {weight} (index)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=RANK_COLOURS[r["rank"]]) for r in ranks]
     fig.legend(handles, [f"rank {r['rank']} keeps it" for r in ranks], loc="lower center", ncol=len(ranks))
     show(fig, rect=(0, 0.08, 1, 1))
@@ -46,7 +46,7 @@ def copy_cost(ranks: list, steps: int) -> None:
         ax.bar(x + i * width, cout, width, bottom=cin, color=RANK_COLOURS[i], alpha=0.45, hatch="//",
                label=f"rank {r['rank']} copy-out")
     ax.set_xticks(x + width * (len(ranks) - 1) / 2, names)
-    ax.set_ylabel("ms of CPU per step")
+    ax.set_ylabel("CPU time per step (ms)")
     ax.set_title("the all-gathers' copies, per step (torch.profiler)")
     ax.legend(fontsize=8, ncol=2)
     show(fig)
