@@ -122,7 +122,7 @@ def test_check_text_ends_with_a_verdict_on_a_cpu_machine(capsys, monkeypatch):
     assert cli.main(["check", "--no-gloo"]) == 0
     out = capsys.readouterr().out
     verdict = out[out.index("Verdict:"):]
-    assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 08, 09" in verdict
+    assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 06a, 08, 09" in verdict
     assert "show saved outputs only: none" in verdict and "FAILED" not in out  # nothing was tried, nothing failed
     assert "run live here: 07, 10" in verdict
     assert "2-rank gloo on 127.0.0.1: not checked (--no-gloo)" in out
@@ -135,7 +135,7 @@ def test_check_exits_1_when_the_gloo_probe_fails(capsys, monkeypatch):
     assert cli.main(["check"]) == 1
     captured = capsys.readouterr()
     assert "2-rank gloo on 127.0.0.1: FAILED: rank 1: boom" in captured.out
-    assert "show saved outputs only: 00, 01, 02, 03, 04, 05, 06, 08, 09" in captured.out
+    assert "show saved outputs only: 00, 01, 02, 03, 04, 05, 06, 06a, 08, 09" in captured.out
     assert captured.err.strip() == "fsdp-lab check: the 2-rank gloo probe failed: rank 1: boom"
 
 
