@@ -20,6 +20,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.lessons.experiments.common import unit_table
 from fsdp_lab.observe import fully_shard as fully_shard_model
 from fsdp_lab.observe import trace as trace_mod
 from fsdp_lab.training.launch import run_on_ranks
@@ -190,13 +191,19 @@ def _owned(model, rank: int, world_size: int, original: torch.Tensor) -> dict:
         start, stop = (lo - slot.offset, hi - slot.offset) if lo < hi else (0, 0)
         values = flat.shard.detach()[lo - flat.shard_offset:hi - flat.shard_offset] if lo < hi else None
         layout = "flat buffer slice"
-    else:  # FSDP2: rows of a DTensor
+    else:  # FSDP2: a block of rows of a DTensor
         param = model.blocks[0].attn.qkv.weight
         held = fully_shard_model.local(param).detach()
-        rows_per_rank = math.ceil(param.shape[0] / world_size)
-        first = min(rank * rows_per_rank, param.shape[0])
         row_numel = param.shape[1:].numel()
-        start, stop = first * row_numel, (first + held.shape[0]) * row_numel
+        if fully_shard_model.is_fully_shard(model):  # fsdp_lab's: the ParamGroup's own row bookkeeping
+            group = next(g for g in model.blocks[0]._fsdp_lab_state.unit.flats
+                         if any(s.registered() is param for s in g.slots))
+            slot = next(s for s in group.slots if s.registered() is param)
+            rows_per_rank, local_rows = slot.rows, slot.local_rows
+        else:  # torch's: Shard(0) cuts as torch.chunk does
+            rows_per_rank, local_rows = math.ceil(param.shape[0] / world_size), held.shape[0]
+        first = min(rank * rows_per_rank, param.shape[0])
+        start, stop = first * row_numel, (first + local_rows) * row_numel
         values = held.reshape(-1) if held.numel() else None
         layout = f"{type(param).__name__} {tuple(param.placements)}"
     matches = values is None or torch.equal(values, original.reshape(-1)[start:stop])
@@ -249,18 +256,12 @@ def _front_end_rank(rank: int, world_size: int, _spec=None) -> dict:
             model, opt, losses = fsdp2_script(rank, world_size, watch, torch_api=name.startswith("torch"))
         measured = watch.stop(model)
         units = (fully_shard_model.unit_table(model) if fully_shard_model.is_fully_shard(model) else
-                 _flat_unit_table(model) if hasattr(model, "units") else [])
+                 unit_table(model) if hasattr(model, "units") else [])  # torch's: no unit table
         results[name] = {"losses": losses, **measured, "units": units, "owned": watch.owned,
                          "state_bytes": _state_bytes(model, opt),
                          "state_dict": _collectives_in_state_dict(model, name == "fsdp_lab FSDP")}
         dist.barrier()
     return {"rank": rank, "front_ends": results}
-
-
-def _flat_unit_table(model) -> list[dict]:
-    from fsdp_lab.lessons.experiments.common import unit_table
-
-    return unit_table(model)
 
 
 def compare_front_ends(world_size: int = 2, timeout_s: float = 150.0) -> list[dict]:
