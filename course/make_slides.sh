@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-course/build/slides}"
 mkdir -p "$OUT"
 if [ "$#" -eq 0 ]; then
-  set -- notebooks/[0-9][0-9]-*.ipynb
+  set -- notebooks/[0-9][0-9]*-*.ipynb  # 06a: a chapter lettered after 06
 fi
 args=(--to slides --output-dir "$OUT" --SlidesExporter.reveal_scroll=True --SlidesExporter.reveal_theme=simple)
 if [ "${EXECUTE:-0}" = 1 ]; then

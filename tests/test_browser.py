@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "03-lifecycle.ipynb"
-CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
+CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*-*.ipynb"))  # 06a: lettered after 06
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # What an answer looks like once shown: a graded quiz's key, its explanation, an opened answer box.
 ANSWER_SHOWN = r"(^|\n)\s*(Answer: [A-H]|答案：[A-H]|Why: |解析：)|Hide the answers"

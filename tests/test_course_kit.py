@@ -5,6 +5,7 @@ kit parses with the real CLI parser, the one-machine two-node rehearsal runs, an
 """
 import importlib.util
 import inspect
+import json
 import os
 import re
 import shlex
@@ -25,7 +26,7 @@ sys.path.insert(0, str(COURSE))
 import make_student_copies as msc  # noqa: E402  (course/ is not a package)
 
 EXERCISES = sorted(p for p in (COURSE / "exercises").glob("ex*.py"))
-CHAPTERS = [f"{i:02d}" for i in range(11)]
+CHAPTERS = [f"{i:02d}" for i in range(7)] + ["06a"] + [f"{i:02d}" for i in range(7, 11)]  # 06a: after 06
 
 
 def _solution_blocks(text: str) -> list[list[str]]:
@@ -217,7 +218,7 @@ def _syllabus_rows():
     rows = {}
     for line in (COURSE / "syllabus.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 6 and re.fullmatch(r"\d\d|—|", cells[0]) and cells[3].strip("*").isdigit():
+        if len(cells) == 6 and re.fullmatch(r"\d\d[a-z]?|—|", cells[0]) and cells[3].strip("*").isdigit():
             rows[cells[0] or cells[1].strip("*")] = (cells[1], int(cells[3].strip("*")), int(cells[4].strip("*")))
     return rows
 
@@ -248,20 +249,35 @@ def test_clock_schedules_are_consistent(plan, start, end):
     assert rows[0][0] == start and rows[-1][0] == end and rows[-1][2] == ""
     for (t, item, dur), nxt in zip(rows, minutes[1:]):
         assert minutes[rows.index((t, item, dur))] + int(dur) == nxt, f"{plan}: {t} {item} + {dur} min"
-    chapters_in_plan = [item[:2] for _t, item, _m in rows if item[:2].isdigit()]
+    chapters_in_plan = [item.split()[0] for _t, item, _m in rows if re.match(r"\d\d[a-z]? ", item)]
     assert chapters_in_plan == CHAPTERS
 
 
 def test_every_notebook_is_in_the_syllabus_and_has_notes():
-    notes = {p.name[:2]: p for p in (COURSE / "instructor-notes").glob("[0-9][0-9]-*.md")}
+    notes = {p.name.split("-", 1)[0]: p for p in (COURSE / "instructor-notes").glob("[0-9][0-9]*-*.md")}
     assert sorted(notes) == CHAPTERS
     syllabus = (COURSE / "syllabus.md").read_text()
-    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]-*.ipynb")):
-        assert nb.name[:2] in notes
-        assert f"| {nb.name[:2]} |" in syllabus
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")):
+        number = nb.name.split("-", 1)[0]
+        assert number in notes
+        assert f"| {number} |" in syllabus
 
 
 # -- instructor notes ---------------------------------------------------------------------------------------
+def test_notes_of_every_chapter_calling_fsdp1_say_it_is_legacy():
+    """Where a notebook calls FSDP(...) (torch's legacy FSDP1 API), its notes say so and name fully_shard and
+    chapter 06a, as the notebook does."""
+    for nb in sorted((REPO / "notebooks").glob("[0-9][0-9]*-*.ipynb")):
+        number = nb.name.split("-", 1)[0]
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        if number == "06a" or not any(c["cell_type"] == "code" and re.search(r"\bFSDP\(", "".join(c["source"]))
+                                      for c in cells):
+            continue
+        text = next((COURSE / "instructor-notes").glob(f"{number}-*.md")).read_text()
+        assert re.search(r"\blegacy\b", text) and "fully_shard" in text and "06a" in text, \
+            f"notes {number}: the notebook calls FSDP(...) but the notes do not say FSDP1 is legacy"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_instructor_notes_have_the_four_parts_and_sourced_numbers(chapter):
     path = next((COURSE / "instructor-notes").glob(f"{chapter}-*.md"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
+CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "06a", "07", "08", "09", "10"]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -159,7 +159,7 @@ def test_answers_wait_to_be_asked_for(notebook):
 
 def test_every_chapter_with_a_quiz_file_shows_its_quiz(notebook):
     path, nb = notebook
-    number = path.name[:2]
+    number = path.name.split("-", 1)[0]
     if not list((REPO / "quizzes").glob(f"{number}-*.yaml")):
         return
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
@@ -220,14 +220,15 @@ def _printed(cell) -> str:
 
 @pytest.mark.parametrize("number", LIVE_CHAPTERS)
 def test_every_chapter_has_the_learner_write_fsdp_on_live_ranks(number):
-    """A `%%ranks` cell that calls FSDP(...) itself, run with both ranks' output stored; the ranks are started
-    in the notebook and stopped before the chapter ends."""
+    """A `%%ranks` cell that calls FSDP(...) or fully_shard(...) itself, run with both ranks' output stored; the
+    ranks are started in the notebook and stopped before the chapter ends."""
     path = _chapter(number)
     cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
     code = [(i, c, "".join(c["source"])) for i, c in enumerate(cells) if c["cell_type"] == "code"]
     starts = [i for i, _c, src in code if re.search(r"\blive\.start\(", src)]
     stops = [i for i, _c, src in code if re.search(r"\blive_ranks\.stop\(\)", src)]
-    learner = [(i, c) for i, c, src in code if src.startswith("%%ranks") and re.search(r"\bFSDP\(", src)]
+    learner = [(i, c) for i, c, src in code
+               if src.startswith("%%ranks") and re.search(r"\b(FSDP|fully_shard)\(", src)]
     assert starts and learner and stops, f"{path.name}: start {starts}, %%ranks cells with FSDP( {len(learner)}, " \
                                          f"stop {stops}"
     assert starts[0] < learner[0][0] and stops[-1] > learner[-1][0], f"{path.name}: start, learner cells, stop"
@@ -258,3 +259,27 @@ def test_the_chapters_link_the_exercise_files_and_every_file_is_linked():
     files = {p.name for p in (REPO / "course" / "exercises").glob("ex*.py")}
     assert linked and linked <= files, f"links to missing exercise files: {sorted(linked - files)}"
     assert files <= linked, f"exercise files no chapter links: {sorted(files - linked)}"
+
+
+# -- FSDP1 is torch's legacy API: every chapter that calls it shows FSDP2's line beside it --------------------
+FSDP1_CALL = re.compile(r"\bFSDP\(|FullyShardedDataParallel\(")
+
+
+@pytest.mark.parametrize("number", [n for n in CHAPTERS if n != "06a"])
+def test_every_chapter_calling_fsdp1_says_it_is_legacy_and_shows_fully_shard(number):
+    """A chapter with an FSDP1 call in a code cell also has a fully_shard(...) line, the word "legacy" and a link
+    to chapter 06a, which runs both front ends side by side."""
+    path = _chapter(number)
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    if not any(c["cell_type"] == "code" and FSDP1_CALL.search("".join(c["source"])) for c in cells):
+        return
+    text = "\n".join("".join(c["source"]) for c in cells)
+    assert re.search(r"^\s*fully_shard\(", text, re.M), f"{path.name}: calls FSDP(...) but shows no fully_shard line"
+    assert re.search(r"\blegacy\b", text, re.I), f"{path.name}: calls FSDP(...) but never says FSDP1 is legacy"
+    assert "](06a-fsdp2.ipynb)" in text, f"{path.name}: calls FSDP(...) but does not link chapter 06a"
+
+
+def test_the_legacy_check_sees_fsdp1_calls():
+    calls = [n for n in CHAPTERS if any(c["cell_type"] == "code" and FSDP1_CALL.search("".join(c["source"]))
+                                        for c in json.loads(_chapter(n).read_text(encoding="utf-8"))["cells"])]
+    assert len(calls) >= 10, f"only {calls} call FSDP(...): the pattern no longer matches the chapters' code"

@@ -139,3 +139,15 @@ def test_claims_the_quizzes_teach_hold(bank):
     assert "FSDP2's layout" in unit.explanation.en and "FSDP1 flattens" in unit.explanation.en
     q1 = next(q for q in bank["10"].questions if q.id == "interview-q1")
     assert "FSDP2's layout" in q1.explanation.en and "FSDP2" in q1.options[0].feedback.zh
+
+
+def test_chapter_keys_of_a_lettered_chapter():
+    """06a (FSDP2) sits after 06; "6a", "fsdp2" and the file stem name it, and "6" still means 06."""
+    from fsdp_lab.lessons.quiz.bank import chapter_key
+
+    assert list(CHAPTERS)[5:7] == ["06", "06a"]  # the quizzes start at 01
+    assert [chapter_key(t) for t in ("06a", "6a", "6A", "fsdp2", "06a-fsdp2")] == ["06a"] * 5
+    assert [chapter_key(t) for t in ("6", "06", "engineering", "10", "1")] == ["06", "06", "06", "10", "01"]
+    for bad in ("6b", "06b", "a6", "0"):
+        with pytest.raises(ValueError, match="unknown chapter"):
+            chapter_key(bad)

@@ -19,7 +19,7 @@ HELP = ("Take a chapter's self-graded quiz in the terminal (chapter 10: the arti
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("chapter", nargs="?", help="01..10, or a name such as 'interview' or '05-zero'")
+    parser.add_argument("chapter", nargs="?", help="01..10 or 06a, or a name such as 'interview', 'fsdp2' or '05-zero'")
     parser.add_argument("--lang", choices=("zh", "en"), default="en", help="language of questions and feedback")
     parser.add_argument("--seed", type=int, default=None,
                         help="shuffle the options with this seed (default: the order as written)")

@@ -82,15 +82,20 @@ class Tracer:
             self._file = None
 
 
+def attach(model, tracer: Optional[Tracer]) -> None:
+    """Attach `tracer` (None: detach) to a model wrapped by FSDP or to the root of a fully_shard model."""
+    set_tracer(model, tracer)
+
+
 @contextlib.contextmanager
 def record(model, path: Optional[str | os.PathLike] = None, optimizer=None, **kwargs) -> Iterator[Tracer]:
     """Trace `model` inside the block; the tracer is detached (and the file closed) however the block exits."""
     tracer = Tracer(path, rank=shared_state(model).rank, model=model, optimizer=optimizer, **kwargs)
-    set_tracer(model, tracer)
+    attach(model, tracer)
     try:
         yield tracer
     finally:
-        set_tracer(model, None)
+        attach(model, None)
         tracer.close()
 
 

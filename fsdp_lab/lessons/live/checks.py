@@ -282,3 +282,27 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     if close_to(ratio, 1 / measured, 1e-3):
         return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")
+
+
+def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
+    """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
+    Shard(0), compared with every DTensor parameter of the learner's fully_shard model."""
+    rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    for name, param in model.named_parameters():
+        local = getattr(param, "_local_tensor", None)
+        if local is None:
+            return Verdict(False, f"{name} is a plain tensor, not a DTensor: call fully_shard on the model first")
+        try:
+            got = tuple(fn(param.shape[0], n, rank))
+        except NotImplementedError:
+            return Verdict(False, "dim0_rows is not written yet")
+        if len(got) != 2:
+            return Verdict(False, f"{name}: dim0_rows must return (start, stop), got {got!r}")
+        rows = -(-param.shape[0] // n)
+        want = (min(rank * rows, param.shape[0]), min(rank * rows, param.shape[0]) + local.shape[0])
+        if got != want:
+            why = (f"each rank gets ceil({param.shape[0]} / {n}) = {rows} rows, the last ones fewer or none"
+                   if got[1] - got[0] != local.shape[0] else f"the right count, but rank r starts at row r · {rows}")
+            return Verdict(False, f"{name} {tuple(param.shape)}: you say rank {rank} keeps rows [{got[0]}, {got[1]}), "
+                                  f"its DTensor holds [{want[0]}, {want[1]}); {why}")
+    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0))")

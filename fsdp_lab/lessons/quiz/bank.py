@@ -203,13 +203,20 @@ def default_quiz_dir() -> Path:
 
 
 def chapter_key(text: str) -> str:
-    """"10", "1", "01", "10-interview" or "interview" -> "10"; anything else is a ValueError listing keys."""
+    """"10", "1", "01", "10-interview" or "interview" -> "10"; "06a", "6a" or "fsdp2" -> "06a"; anything else is a
+    ValueError listing keys."""
     raw = str(text).strip().lower()
     for key, stem in CHAPTERS.items():
-        if raw in (key, stem, stem.split("-", 1)[1]) or (raw.isdigit() and int(raw) == int(key)):
+        if raw in (key, stem, stem.split("-", 1)[1]) or _same_number(raw, key):
             return key
     raise ValueError(f"unknown chapter {text!r}; expected one of: {', '.join(CHAPTERS)} "
                      f"(or a name such as {', '.join(list(CHAPTERS.values())[:2])}, ...)")
+
+
+def _same_number(raw: str, key: str) -> bool:
+    """"6" is "06" and "6a" is "06a": the number without its leading zero, with the same letter after it."""
+    got, want = re.fullmatch(r"(\d+)([a-z]?)", raw), re.fullmatch(r"(\d+)([a-z]?)", key)
+    return bool(got and want) and int(got[1]) == int(want[1]) and got[2] == want[2]
 
 
 def _text(d: Mapping) -> Text:
@@ -292,8 +299,8 @@ def load_chapter(path: str | Path, registry: Mapping[str, Callable] | None = Non
     if data is None:
         raise QuizFileError(path, "the file is empty")
     check_schema(path, data)
-    stem_key = path.stem[:2]
-    if stem_key.isdigit() and data["chapter"] != stem_key:
+    stem_key = path.stem.split("-", 1)[0]  # "06" of 06-engineering, "06a" of 06a-fsdp2
+    if re.fullmatch(r"\d\d[a-z]?", stem_key) and data["chapter"] != stem_key:
         raise QuizFileError(path, f"chapter {data['chapter']!r} does not match the file name ({stem_key!r})",
                             field="chapter")
     for lang in LANGS:
