@@ -19,12 +19,6 @@ def _meta_net():
         return _net()
 
 
-def _device_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 def _under(state_dict_type, config=None, optim_config=None):
     model = FSDP(_net())
     with FSDP.state_dict_type(model, state_dict_type, config, optim_config):
@@ -35,7 +29,6 @@ REFUSED = {
     "FSDP.cpu_offload": lambda: FSDP(_net(), cpu_offload=CPUOffload(offload_params=True)),
     "FSDP.ignored_modules": lambda: FSDP(_net(), ignored_modules=[nn.Linear(1, 1)]),
     "FSDP.ignored_states": lambda: FSDP(_net(), ignored_states=[nn.Parameter(torch.ones(1))]),
-    "FSDP.device_mesh": lambda: FSDP(_net(), device_mesh=_device_mesh()),
     "FSDP.param_init_fn": lambda: FSDP(_meta_net(), param_init_fn=lambda m: m.to_empty(device="cpu")),
     "MixedPrecision._module_classes_to_ignore": lambda: FSDP(
         nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)),

@@ -17,6 +17,7 @@ from torch import nn
 from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.flat_param import FlatParam
 from fsdp_lab.runtime.grad_norm import clip_grad_norm_
+from fsdp_lab.runtime.hybrid import device_type_of, fsdp1_groups, hybrid_state
 from fsdp_lab.runtime.memory import memory_report
 from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
                                      refuse_compile, refuse_wrapped_inside, watch_optimizers)
@@ -43,7 +44,8 @@ class FSDP(nn.Module):
 
     torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
     torch, only for modules on the meta device, which are refused (device.py); cpu_offload with
-    offload_params=True, ignored_modules, ignored_states and device_mesh raise a ValueError naming them. Unknown
+    offload_params=True, ignored_modules and ignored_states raise a ValueError naming them. HYBRID_SHARD and
+    _HYBRID_SHARD_ZERO2 take device_mesh or process_group=(shard_pg, replicate_pg) as torch does (hybrid.py). Unknown
     attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
@@ -55,19 +57,22 @@ class FSDP(nn.Module):
         super().__init__()
         if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
             raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
-        for option, value in (("ignored_modules", ignored_modules), ("ignored_states", ignored_states),
-                              ("device_mesh", device_mesh)):
+        for option, value in (("ignored_modules", ignored_modules), ("ignored_states", ignored_states)):
             if value is not None:
                 raise ValueError(f"FSDP option {option}={value!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
             raise ValueError("module is already wrapped with FSDP")
         check_param_init_fn(module, param_init_fn)
-        pg = check_process_group(process_group)
+        check_process_group(None)  # initialised?
         strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
                                "sharding_strategy")
+        groups = fsdp1_groups(process_group, device_mesh, strategy, auto_wrap_policy,
+                              device_type_of(module, device_id))  # [Note: hybrid sharding] in hybrid.py
+        pg = groups.shard
         prefetch = coerce_enum(backward_prefetch, BackwardPrefetch, "backward_prefetch")
         mixed_precision = coerce_mixed_precision(mixed_precision, module)
-        self._settings = {"process_group": tuple(dist.get_process_group_ranks(pg)), "sharding_strategy": strategy,
+        self._settings = {"process_group": groups.shard_ranks, "replicate_group": groups.replicate_ranks,
+                          "sharding_strategy": strategy,
                           "mixed_precision": mixed_precision, "backward_prefetch": prefetch,
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
                           "use_orig_params": bool(use_orig_params)}
@@ -83,10 +88,11 @@ class FSDP(nn.Module):
         check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
                                     for p, aliases in u.trainable + u.frozen]) for u in unit_params],
                          pg, dist.get_rank(pg), dist.get_world_size(pg), device)
-        if sync_module_states:
+        if sync_module_states:  # hybrid: across the groups first, so each shard group's rank 0 has rank 0's
             with torch.no_grad():
-                for tensor in list(module.parameters()) + list(module.buffers()):
-                    dist.broadcast(tensor.data, src=dist.get_global_rank(pg, 0), group=pg)
+                for group in (groups.replicate, pg):
+                    for tensor in list(module.parameters()) + list(module.buffers()) if group is not None else ():
+                        dist.broadcast(tensor.data, src=dist.get_global_rank(group, 0), group=group)
         self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
         if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
             for module_name, buf_module in module.named_modules():
@@ -103,7 +109,8 @@ class FSDP(nn.Module):
             reduce_dtype=reduce_dtype(mixed_precision, torch.float32), device=device,
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             limit_all_gathers=bool(limit_all_gathers),
-            on_backward_start=self._on_backward_start)
+            on_backward_start=self._on_backward_start, **hybrid_state(groups))
+        self._groups = groups
         self._units = self._build_units(unit_params)
         watch_optimizers(self)
 

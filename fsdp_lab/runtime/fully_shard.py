@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fsdp_lab.runtime.fsdp_module import FSDPModule
+from fsdp_lab.runtime.hybrid import hybrid_state, mesh_groups, shard_coordinate
 from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
 from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
 from fsdp_lab.runtime.param_group import ParamGroup
@@ -56,17 +57,20 @@ class FullyShardState:
         if any(s.root is not None and s.root.ctx.in_backward for s in _states_below(self.module)):
             raise RuntimeError("a fully_shard module cannot become a root while its backward is running")
         states = [self] + [s for s in _states_below(self.module) if s is not self]
-        ranks = tuple(dist.get_process_group_ranks(self.mesh.get_group()))
+        groups = mesh_groups(self.mesh)  # [Note: hybrid sharding] in hybrid.py
+        ranks = (groups.shard_ranks, groups.replicate_ranks)
         for s in states:
-            theirs = tuple(dist.get_process_group_ranks(s.mesh.get_group()))
+            other = mesh_groups(s.mesh)
+            theirs = (other.shard_ranks, other.replicate_ranks)
             if theirs != ranks:
-                raise ValueError(f"fully_shard modules of one model must share one mesh: the root's covers ranks "
-                                 f"{ranks}, '{type(s.module).__name__}''s covers {theirs}")
-        ctx = FSDPState(pg=self.mesh.get_group(), world_size=self.mesh.size(), rank=self.mesh.get_local_rank(),
+                raise ValueError(f"fully_shard modules of one model must share one mesh: the root's (shard, "
+                                 f"replicate) ranks are {ranks}, '{type(s.module).__name__}''s {theirs}")
+        shard_rank, shard_size = shard_coordinate(self.mesh)
+        ctx = FSDPState(pg=groups.shard, world_size=shard_size, rank=shard_rank,
                         strategy=ShardingStrategy.FULL_SHARD, mixed_precision=None, compute_dtype=torch.float32,
                         reduce_dtype=torch.float32, device=self.device, forward_prefetch=False,
                         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, max_gathers_in_flight=2,
-                        on_backward_start=self._on_backward_start)
+                        on_backward_start=self._on_backward_start, **hybrid_state(groups))
         names = {id(m): n for n, m in self.module.named_modules()}
         for s in states:
             s.root, s.ctx = self, ctx
@@ -137,7 +141,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     mp_policy = coerce_mp_policy(mp_policy)
     mesh = _check_mesh(mesh)
     device = _mesh_device(mesh)
-    after_forward = _check_reshard_after_forward(reshard_after_forward, mesh.size())
+    after_forward = _check_reshard_after_forward(reshard_after_forward, shard_coordinate(mesh)[1])
     ignored = {id(p) for p in (ignored_params or ())}
     trainable, frozen, originals = _collect_params(module, ignored)
     for sub in _managed_modules(module):
@@ -178,9 +182,7 @@ def _check_mesh(mesh):
 
         device_type = "cuda" if torch.cuda.is_available() and dist.get_backend() != "gloo" else "cpu"
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    if mesh.ndim != 1:
-        raise ValueError(f"fully_shard mesh with {mesh.ndim} dimensions (HSDP) is not supported by fsdp_lab; pass "
-                         f"a 1-D mesh")
+    mesh_groups(mesh)  # 1-D: FSDP; 2-D (replicate, shard): HSDP; any other refused by name
     return mesh
 
 

@@ -1,0 +1,106 @@
+"""HSDP on 4 gloo ranks as 2×2: FSDP1's HYBRID_SHARD / _HYBRID_SHARD_ZERO2 and fully_shard on a 2-D mesh, against
+torch's FSDP1 and fully_shard and against one process; the trace's bytes per group against the ring formulas."""
+from __future__ import annotations
+
+import pytest
+from ranks_hybrid import STEPS, all_cases, one_process
+
+from fsdp_lab.training.launch import run_on_ranks
+
+WORLD = 4
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(all_cases, WORLD, timeout_s=420)
+
+
+@pytest.fixture(scope="module")
+def single():
+    return one_process(0, 1)
+
+
+def _case(ranks, name):
+    for facts in ranks:
+        assert not isinstance(facts[name], str), facts[name]
+    return [facts[name] for facts in ranks]
+
+
+def _close(a, b, tol=TOL):
+    return len(a) == len(b) and all(abs(x - y) <= tol * max(1.0, abs(y)) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("strategy", ["HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"])
+@pytest.mark.parametrize("groups", ["mesh", "pair"])
+def test_fsdp1_hybrid_matches_torch_and_one_process(ranks, single, strategy, groups):
+    for facts in _case(ranks, "fsdp1"):
+        got = facts[f"{strategy}/{groups}"]
+        ours, theirs = got["losses"]
+        assert len(ours) == STEPS and _close(ours, theirs), got["losses"]
+        assert _close(*got["norms"]), got["norms"]
+        assert _close(ours, single["losses"]) and _close(got["norms"][0], single["norms"]), (got, single)
+        assert got["params"] <= TOL and got["keys"], got
+        # sharded 2 ways (inside the "node"), not 4
+        assert got["shard_numel"] * 2 >= got["full_numel"] > got["shard_numel"]
+
+
+def test_fsdp1_hybrid_refuses_by_name(ranks):
+    got = _case(ranks, "refusals")[0]
+    assert got["both"].startswith("ValueError: Cannot pass both process_group and device_mesh"), got
+    assert "ndim=2" in got["one_dim"] and "ndim=1" in got["one_dim"], got
+    assert "(shard_pg, replicate_pg)" in got["not_a_pair"] and got["not_a_pair"].startswith("ValueError"), got
+    assert got["manual"].startswith("ValueError: Manual wrapping with HYBRID_SHARD"), got
+    assert "SHARDED_STATE_DICT" in got["sharded_state_dict"] and "HYBRID_SHARD" in got["sharded_state_dict"]
+
+
+def test_fsdp1_hybrid_default_groups_on_cpu_are_refused_where_torch_stops_averaging(ranks, single):
+    facts = _case(ranks, "default_groups")
+    for rank, got in enumerate(facts):
+        assert got["ours"].startswith("ValueError: HYBRID_SHARD without device_mesh or process_group"), got
+        assert "device_count(), which is 1" in got["ours"], got
+        assert got["torch_groups"] == ((rank,), tuple(range(WORLD))), got
+    # torch's ranks each trained alone: the mean loss after one step is not the one-process loss
+    assert not _close(facts[0]["torch_losses"][1:], single["losses"][1:2], 1e-4), (facts[0], single)
+
+
+def test_fsdp1_hybrid_full_state_dict_round_trip(ranks):
+    for got in _case(ranks, "round_trip"):
+        assert got["first"] == got["second"], got
+
+
+def _ring(kind, numel, world, itemsize=4):
+    return numel * itemsize * (world - 1) // world * (2 if kind == "all_reduce" else 1)
+
+
+def test_fsdp1_bytes_per_group_match_the_ring_formulas(ranks):
+    for rank, got in enumerate(_case(ranks, "bytes")):
+        flats = dict(got["flats"])
+        gathers = sum(_ring("all_gather", n, 2) * (1 if name == got["root"] else 2) for name, n in flats.items())
+        scatter = sum(_ring("reduce_scatter", n, 2) for n in flats.values())
+        across = sum(_ring("all_reduce", n // 2, 2) for n in flats.values())  # the reduced shard, 1/G of it
+        assert got["by_collective"] == {("shard", "all_gather"): gathers, ("shard", "reduce_scatter"): scatter,
+                                        ("replicate", "all_reduce"): across}, got
+        assert got["by_group"] == {"shard": gathers + scatter, "replicate": across}
+        node, local = divmod(rank, 2)
+        shard_ranks, replicate_ranks = (2 * node, 2 * node + 1), (local, local + 2)
+        assert got["labels"] == sorted([("replicate", replicate_ranks), ("shard", shard_ranks)])
+        assert got["by_ranks"] == {shard_ranks: gathers + scatter, replicate_ranks: across}
+
+
+def test_fully_shard_2d_mesh_matches_torch_and_one_process(ranks, single):
+    for got in _case(ranks, "fsdp2"):
+        ours, theirs = got["losses"]
+        assert _close(ours, theirs) and _close(*got["norms"]), got
+        assert _close(ours, single["losses"]) and _close(got["norms"][0], single["norms"]), (got, single)
+        assert got["params"] <= TOL and got["names"] and got["local_shapes"], got
+        assert got["placements"] == ["R", "S(0)"] and got["mesh_dims"] == ("replicate", "shard"), got
+
+
+def test_fully_shard_2d_mesh_bytes_per_group(ranks):
+    for got in _case(ranks, "fsdp2_bytes"):
+        gathers = sum(_ring("all_gather", n, 2) * (2 if reshard else 1) for _name, n, reshard in got["units"])
+        scatter = sum(_ring("reduce_scatter", n, 2) for _name, n, _r in got["units"])
+        across = sum(_ring("all_reduce", n // 2, 2) for _name, n, _r in got["units"])
+        assert got["by_collective"] == {("shard", "all_gather"): gathers, ("shard", "reduce_scatter"): scatter,
+                                        ("replicate", "all_reduce"): across}, got
