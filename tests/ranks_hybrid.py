@@ -2,6 +2,8 @@
 fsdp_lab's FSDP1 wrapper and fully_shard, torch's FSDP1 and fully_shard, and one process on the global batch."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from ranks_fidelity import _cases, seen
@@ -144,6 +146,38 @@ def fsdp1_state_dict_round_trip(rank, world_size):
     return {"first": after_first, "second": after_second}
 
 
+def fsdp1_checkpoint_resume(rank, world_size, directory):
+    """fsdp_lab.checkpoint under HYBRID_SHARD: saved once for both shard groups, resumed exactly, also as
+    FULL_SHARD over all 4 ranks."""
+    from fsdp_lab import checkpoint
+
+    def run(model, steps, start, resume=False):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if resume:
+            checkpoint.load(model, opt, directory)
+        cfg, losses = build_gpt("tiny").cfg, []
+        for step in range(start, start + steps):
+            x, y = batch_for_step(cfg, step, PER_RANK * world_size, seq_len=SEQ)
+            loss = model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            losses.append(mean.item() / world_size)
+            if step == 1 and not resume:
+                checkpoint.save(model, opt, directory, step + 1)
+        return losses
+
+    whole = run(_ours(ShardingStrategy.HYBRID_SHARD, "mesh"), 4, 0)
+    hybrid = run(_ours(ShardingStrategy._HYBRID_SHARD_ZERO2, "pair"), 2, 2, resume=True)
+    full = run(FSDP(gpt(), auto_wrap_policy=ModuleWrapPolicy({Block})), 2, 2, resume=True)
+    step_dir = Path(directory) / "step_00000002"
+    written = sum(f.stat().st_size for f in step_dir.glob("*.distcp"))
+    numel = sum(f.numel for u in _ours(ShardingStrategy.HYBRID_SHARD, "mesh").units for f in u.flats)
+    return {"whole": whole, "hybrid": hybrid, "full": full, "written": written, "one_copy": 3 * 4 * numel}
+
+
 def fsdp1_group_bytes(rank, world_size):
     """Per-group bytes of one traced step, and what the formula predicts for each collective."""
     model = _ours(ShardingStrategy.HYBRID_SHARD, "mesh")
@@ -220,5 +254,6 @@ CASES = {"fsdp1": fsdp1_against_torch, "refusals": fsdp1_refusals, "default_grou
          "fsdp2_bytes": fsdp2_group_bytes}
 
 
-def all_cases(rank, world_size):
-    return _cases(rank, world_size, CASES)
+def all_cases(rank, world_size, directory):
+    cases = dict(CASES, checkpoint=lambda r, w: fsdp1_checkpoint_resume(r, w, directory))
+    return _cases(rank, world_size, cases)

@@ -12,8 +12,8 @@ TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    return run_on_ranks(all_cases, WORLD, timeout_s=420)
+def ranks(tmp_path_factory):
+    return run_on_ranks(all_cases, WORLD, str(tmp_path_factory.mktemp("hsdp") / "ckpt"), timeout_s=420)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,14 @@ def test_fsdp1_hybrid_default_groups_on_cpu_are_refused_where_torch_stops_averag
 def test_fsdp1_hybrid_full_state_dict_round_trip(ranks):
     for got in _case(ranks, "round_trip"):
         assert got["first"] == got["second"], got
+
+
+def test_fsdp1_hybrid_checkpoint_resumes_exactly(ranks):
+    for got in _case(ranks, "checkpoint"):
+        assert got["hybrid"] == got["whole"][2:], got
+        assert _close(got["full"], got["whole"][2:]), got
+    # written once for both shard groups (parameters, exp_avg, exp_avg_sq in fp32), not once per group
+    assert got["one_copy"] <= got["written"] < 1.1 * got["one_copy"], got
 
 
 def _ring(kind, numel, world, itemsize=4):

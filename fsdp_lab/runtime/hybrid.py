@@ -142,9 +142,14 @@ def checkpoint_mesh(groups: DataParallelGroups, device_type: str, world_pg: Opti
     if groups.mesh is not None and groups.mesh.ndim == 2:
         return groups.mesh
     pairs = [None] * dist.get_world_size(world_pg)
+    replicas, shards = len(groups.replicate_ranks), len(groups.shard_ranks)
+    if replicas * shards != len(pairs):
+        raise ValueError(f"the shard groups ({shards} ranks) times the replicate groups ({replicas} ranks) cover "
+                         f"{replicas * shards} ranks, not the job's {len(pairs)}: a hybrid checkpoint needs them to "
+                         f"tile every rank")
     mine = (dist.get_rank(groups.replicate), dist.get_rank(groups.shard), dist.get_rank())
     dist.all_gather_object(pairs, mine, group=world_pg)
-    layout = torch.full((len(groups.replicate_ranks), len(groups.shard_ranks)), -1, dtype=torch.int64)
+    layout = torch.full((replicas, shards), -1, dtype=torch.int64)
     for r, s, g in pairs:
         layout[r, s] = g
     if (layout < 0).any():
