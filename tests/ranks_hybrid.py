@@ -80,6 +80,42 @@ def _torch(strategy):
         {Block}), device_id=torch.device("cpu"), device_mesh=mesh())
 
 
+def first_grads(model, rank, world_size, full) -> dict:
+    """{name: the whole gradient} after step 0's backward: `full(model)` reads them."""
+    x, y = batch_for_step(build_gpt("tiny").cfg, 0, PER_RANK * world_size, seq_len=SEQ)
+    model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size)).backward()
+    return full(model)
+
+
+def fsdp1_grads(model) -> dict:
+    cls = FSDP if isinstance(model, FSDP) else TorchFSDP
+    with cls.summon_full_params(model, with_grads=True):
+        return {n.replace("_fsdp_wrapped_module.", ""): p.grad.clone() for n, p in model.named_parameters()}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def fsdp1_gradients(rank, world_size):
+    """Step 0's whole gradients: ours against torch FSDP1's (use_orig_params=True, which summon_full_params'
+    with_grads needs) and against one process, per strategy."""
+    plain = gpt()
+    x, y = batch_for_step(plain.cfg, 0, PER_RANK * world_size, seq_len=SEQ)
+    plain(x, y).backward()
+    single = {n: p.grad for n, p in plain.named_parameters()}
+    out = {}
+    for strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        ours = first_grads(_ours(strategy, "mesh"), rank, world_size, fsdp1_grads)
+        theirs = first_grads(TorchFSDP(gpt(), sharding_strategy=TorchStrategy[strategy.name],
+                                       auto_wrap_policy=TorchModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                                       device_mesh=mesh(), use_orig_params=True), rank, world_size, fsdp1_grads)
+        out[strategy.name] = {"torch": max_diff(ours, theirs), "one_process": max_diff(ours, single),
+                              "scale": max(g.abs().max().item() for g in single.values())}
+    return out
+
+
 def fsdp1_against_torch(rank, world_size):
     out = {}
     for strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
@@ -212,10 +248,16 @@ def fsdp2_against_torch(rank, world_size):
     t_losses, t_norms = train(theirs, rank, world_size, clip=fsdp2_clip)
     diff = max((a.full_tensor() - b.full_tensor()).abs().max().item()
                for a, b in zip(ours.parameters(), theirs.parameters()))
+
+    def dtensor_grads(model):
+        return {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+    grads = max_diff(first_grads(_fully_shard(fully_shard, gpt(), mesh()), rank, world_size, dtensor_grads),
+                     first_grads(_fully_shard(torch_fully_shard, gpt(), mesh()), rank, world_size, dtensor_grads))
     names = [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
     local_shapes = [tuple(p.to_local().shape) for p in ours.parameters()] == \
         [tuple(p.to_local().shape) for p in theirs.parameters()]
-    return {"losses": (losses, t_losses), "norms": (norms, t_norms), "params": diff, "names": names,
+    return {"losses": (losses, t_losses), "norms": (norms, t_norms), "params": diff, "names": names, "grads": grads,
             "placements": placements, "local_shapes": local_shapes,
             "mesh_dims": weight.device_mesh.mesh_dim_names}
 
@@ -249,7 +291,7 @@ def one_process(rank, world_size, fsdp2=False):
     return {"losses": losses, "norms": norms}
 
 
-CASES = {"fsdp1": fsdp1_against_torch, "refusals": fsdp1_refusals, "default_groups": fsdp1_default_groups,
+CASES = {"fsdp1": fsdp1_against_torch, "grads": fsdp1_gradients, "refusals": fsdp1_refusals, "default_groups": fsdp1_default_groups,
          "round_trip": fsdp1_state_dict_round_trip, "bytes": fsdp1_group_bytes, "fsdp2": fsdp2_against_torch,
          "fsdp2_bytes": fsdp2_group_bytes}
 

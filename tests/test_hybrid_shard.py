@@ -45,6 +45,14 @@ def test_fsdp1_hybrid_matches_torch_and_one_process(ranks, single, strategy, gro
         assert got["shard_numel"] * 2 >= got["full_numel"] > got["shard_numel"]
 
 
+@pytest.mark.parametrize("strategy", ["HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"])
+def test_fsdp1_hybrid_gradients_match_torch_and_one_process(ranks, strategy):
+    for facts in _case(ranks, "grads"):
+        got = facts[strategy]
+        assert got["scale"] > 1e-3, got  # gradients that are not all zero
+        assert got["torch"] <= TOL and got["one_process"] <= TOL, got
+
+
 def test_fsdp1_hybrid_refuses_by_name(ranks):
     got = _case(ranks, "refusals")[0]
     assert got["both"].startswith("ValueError: Cannot pass both process_group and device_mesh"), got
@@ -101,7 +109,7 @@ def test_fully_shard_2d_mesh_matches_torch_and_one_process(ranks, single):
         ours, theirs = got["losses"]
         assert _close(ours, theirs) and _close(*got["norms"]), got
         assert _close(ours, single["losses"]) and _close(got["norms"][0], single["norms"]), (got, single)
-        assert got["params"] <= TOL and got["names"] and got["local_shapes"], got
+        assert got["params"] <= TOL and got["grads"] <= TOL and got["names"] and got["local_shapes"], got
         assert got["placements"] == ["R", "S(0)"] and got["mesh_dims"] == ("replicate", "shard"), got
 
 
