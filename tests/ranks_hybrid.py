@@ -262,6 +262,38 @@ def fsdp2_against_torch(rank, world_size):
             "mesh_dims": weight.device_mesh.mesh_dim_names}
 
 
+def fsdp2_dcp_resume(rank, world_size, directory):
+    """torch DCP saves a 2-D-mesh model's state_dict (DTensors placed (Replicate(), Shard(0))) and a fresh one
+    loads it and continues as the saved one does."""
+    import torch.distributed.checkpoint as dcp
+
+    first = _fully_shard(fully_shard, gpt(), mesh())
+    train(first, rank, world_size, clip=fsdp2_clip, steps=2)
+    dcp.save(first.state_dict(), checkpoint_id=directory)
+    after_first, _ = train(first, rank, world_size, clip=fsdp2_clip, steps=1, start=2)
+    second = _fully_shard(fully_shard, gpt(seed=1), mesh())
+    state = second.state_dict()
+    dcp.load(state, checkpoint_id=directory)
+    second.load_state_dict(state)
+    after_second, _ = train(second, rank, world_size, clip=fsdp2_clip, steps=1, start=2)
+    return {"first": after_first, "second": after_second,
+            "placements": sorted({str(tuple(v.placements)) for v in state.values() if hasattr(v, "placements")})}
+
+
+def kept_after_forward(rank, world_size):
+    """Which units are still gathered after forward: HYBRID_SHARD frees all but the root, _HYBRID_SHARD_ZERO2
+    keeps them for backward (SHARD_GRAD_OP inside the shard group)."""
+    out = {}
+    for strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        model = _ours(strategy, "mesh")
+        x, y = batch_for_step(build_gpt("tiny").cfg, 0, PER_RANK * world_size, seq_len=SEQ)
+        loss = model(rank_slice(x, rank, world_size), rank_slice(y, rank, world_size))
+        out[strategy.name] = [u.state.name for u in model.units]
+        loss.backward()
+        out[strategy.name + "/after_backward"] = [u.state.name for u in model.units]
+    return out
+
+
 def fsdp2_group_bytes(rank, world_size):
     model = _fully_shard(fully_shard, gpt(), mesh())
     model._fsdp_lab_state.lazy_init()  # the root, decided by the first forward otherwise: its ctx takes the tracer
@@ -274,7 +306,7 @@ def fsdp2_group_bytes(rank, world_size):
                       for u in model._fsdp_lab_state.units]}
 
 
-def one_process(rank, world_size, fsdp2=False):
+def one_process():
     """The plain model on the global batch: what both HSDP runs must reproduce."""
     model = gpt()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -291,11 +323,13 @@ def one_process(rank, world_size, fsdp2=False):
     return {"losses": losses, "norms": norms}
 
 
-CASES = {"fsdp1": fsdp1_against_torch, "grads": fsdp1_gradients, "refusals": fsdp1_refusals, "default_groups": fsdp1_default_groups,
-         "round_trip": fsdp1_state_dict_round_trip, "bytes": fsdp1_group_bytes, "fsdp2": fsdp2_against_torch,
-         "fsdp2_bytes": fsdp2_group_bytes}
+CASES = {"fsdp1": fsdp1_against_torch, "grads": fsdp1_gradients, "refusals": fsdp1_refusals,
+         "default_groups": fsdp1_default_groups, "round_trip": fsdp1_state_dict_round_trip,
+         "bytes": fsdp1_group_bytes, "fsdp2": fsdp2_against_torch, "fsdp2_bytes": fsdp2_group_bytes,
+         "kept": kept_after_forward}
 
 
 def all_cases(rank, world_size, directory):
-    cases = dict(CASES, checkpoint=lambda r, w: fsdp1_checkpoint_resume(r, w, directory))
+    cases = dict(CASES, checkpoint=lambda r, w: fsdp1_checkpoint_resume(r, w, directory),
+                 fsdp2_dcp=lambda r, w: fsdp2_dcp_resume(r, w, directory + "-fsdp2"))
     return _cases(rank, world_size, cases)

@@ -18,7 +18,7 @@ def ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single():
-    return one_process(0, 1)
+    return one_process()
 
 
 def _case(ranks, name):
@@ -111,6 +111,19 @@ def test_fully_shard_2d_mesh_matches_torch_and_one_process(ranks, single):
         assert _close(ours, single["losses"]) and _close(got["norms"][0], single["norms"]), (got, single)
         assert got["params"] <= TOL and got["grads"] <= TOL and got["names"] and got["local_shapes"], got
         assert got["placements"] == ["R", "S(0)"] and got["mesh_dims"] == ("replicate", "shard"), got
+
+
+def test_fully_shard_2d_mesh_dcp_round_trip(ranks):
+    for got in _case(ranks, "fsdp2_dcp"):
+        assert got["first"] == got["second"], got
+        assert got["placements"] == ["(Replicate(), Shard(dim=0))"], got
+
+
+def test_hybrid_zero2_keeps_parameters_gathered_after_forward(ranks):
+    for got in _case(ranks, "kept"):
+        assert got["HYBRID_SHARD"] == ["SHARDED", "SHARDED", "UNSHARDED"], got  # blocks freed, the root kept
+        assert got["_HYBRID_SHARD_ZERO2"] == ["UNSHARDED"] * 3, got
+        assert got["HYBRID_SHARD/after_backward"] == got["_HYBRID_SHARD_ZERO2/after_backward"] == ["SHARDED"] * 3
 
 
 def test_fully_shard_2d_mesh_bytes_per_group(ranks):
