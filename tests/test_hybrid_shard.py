@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from ranks_hybrid import STEPS, all_cases, one_process
 
+from fsdp_lab.theory import formulas as F
 from fsdp_lab.training.launch import run_on_ranks
 
 WORLD = 4
@@ -98,6 +99,11 @@ def test_fsdp1_bytes_per_group_match_the_ring_formulas(ranks):
         assert got["by_collective"] == {("shard", "all_gather"): gathers, ("shard", "reduce_scatter"): scatter,
                                         ("replicate", "all_reduce"): across}, got
         assert got["by_group"] == {"shard": gathers + scatter, "replicate": across}
+        # the course's formula (theory.formulas.node_traffic), fp32 on the wire: across nodes exactly; inside
+        # them less the root's backward re-gather, which FSDP skips (the root stays gathered)
+        predicted = F.node_traffic(sum(flats.values()), 2, 2, "HYBRID_SHARD", param_bytes=4, reduce_bytes=4)
+        assert got["by_group"]["replicate"] == predicted.inter_node
+        assert got["by_group"]["shard"] == predicted.intra_node - _ring("all_gather", flats[got["root"]], 2)
         node, local = divmod(rank, 2)
         shard_ranks, replicate_ranks = (2 * node, 2 * node + 1), (local, local + 2)
         assert got["labels"] == sorted([("replicate", replicate_ranks), ("shard", shard_ranks)])
