@@ -146,6 +146,8 @@ def fsdp1_refusals(rank, world_size):
                                         **wrap)),
         "manual": seen(lambda: FSDP(gpt(), sharding_strategy="HYBRID_SHARD")),
         "sharded_state_dict": seen(lambda: _sharded_state_dict()),
+        "three_dims": seen(lambda: fully_shard(gpt(), mesh=init_device_mesh("cpu", (1, 2, 2)))),
+        "pair_not_hybrid": seen(lambda: FSDP(gpt(), process_group=pair_groups(), **wrap)),
     }
 
 

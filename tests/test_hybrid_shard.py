@@ -61,6 +61,8 @@ def test_fsdp1_hybrid_refuses_by_name(ranks):
     assert "(shard_pg, replicate_pg)" in got["not_a_pair"] and got["not_a_pair"].startswith("ValueError"), got
     assert got["manual"].startswith("ValueError: Manual wrapping with HYBRID_SHARD"), got
     assert "SHARDED_STATE_DICT" in got["sharded_state_dict"] and "HYBRID_SHARD" in got["sharded_state_dict"]
+    assert got["three_dims"].startswith("ValueError: fully_shard mesh with 3 dimensions"), got
+    assert got["pair_not_hybrid"].startswith("ValueError: process_group as a tuple of 2 groups"), got
 
 
 def test_fsdp1_hybrid_default_groups_on_cpu_are_refused_where_torch_stops_averaging(ranks, single):
