@@ -23,8 +23,7 @@ NAMES = ("replicate", "shard")
 
 
 def gpt(seed=0):
-    torch.manual_seed(seed)
-    return build_gpt("tiny")
+    return build_gpt("tiny", seed=seed)
 
 
 def mesh():
@@ -282,6 +281,17 @@ def fsdp2_dcp_resume(rank, world_size, directory):
             "placements": sorted({str(tuple(v.placements)) for v in state.values() if hasattr(v, "placements")})}
 
 
+def sync_module_states(rank, world_size):
+    """Every rank builds different weights; sync_module_states=True under HYBRID_SHARD gives them rank 0's."""
+    model = FSDP(gpt(seed=rank), sharding_strategy="HYBRID_SHARD", auto_wrap_policy=ModuleWrapPolicy({Block}),
+                 device_mesh=mesh(), sync_module_states=True)
+    reference = gpt(seed=0).state_dict()
+    got = full_params(model)
+    return {"diff": max((got[k] - reference[k]).abs().max().item() for k in reference),
+            "differs_unsynced": rank == 0 or any(not torch.equal(gpt(seed=rank).state_dict()[k], v)
+                                                 for k, v in reference.items())}
+
+
 def kept_after_forward(rank, world_size):
     """Which units are still gathered after forward: HYBRID_SHARD frees all but the root, _HYBRID_SHARD_ZERO2
     keeps them for backward (SHARD_GRAD_OP inside the shard group)."""
@@ -328,7 +338,7 @@ def one_process():
 CASES = {"fsdp1": fsdp1_against_torch, "grads": fsdp1_gradients, "refusals": fsdp1_refusals,
          "default_groups": fsdp1_default_groups, "round_trip": fsdp1_state_dict_round_trip,
          "bytes": fsdp1_group_bytes, "fsdp2": fsdp2_against_torch, "fsdp2_bytes": fsdp2_group_bytes,
-         "kept": kept_after_forward}
+         "kept": kept_after_forward, "sync": sync_module_states}
 
 
 def all_cases(rank, world_size, directory):

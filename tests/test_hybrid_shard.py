@@ -127,6 +127,11 @@ def test_fully_shard_2d_mesh_dcp_round_trip(ranks):
         assert got["placements"] == ["(Replicate(), Shard(dim=0))"], got
 
 
+def test_fsdp1_hybrid_sync_module_states_gives_every_rank_rank0s_weights(ranks):
+    for got in _case(ranks, "sync"):
+        assert got["diff"] == 0.0 and got["differs_unsynced"], got
+
+
 def test_hybrid_zero2_keeps_parameters_gathered_after_forward(ranks):
     for got in _case(ranks, "kept"):
         assert got["HYBRID_SHARD"] == ["SHARDED", "SHARDED", "UNSHARDED"], got  # blocks freed, the root kept

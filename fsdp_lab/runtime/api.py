@@ -90,8 +90,8 @@ class FSDP(nn.Module):
                          pg, dist.get_rank(pg), dist.get_world_size(pg), device)
         if sync_module_states:  # hybrid: across the groups first, so each shard group's rank 0 has rank 0's
             with torch.no_grad():
-                for group in (groups.replicate, pg):
-                    for tensor in list(module.parameters()) + list(module.buffers()) if group is not None else ():
+                for group in [g for g in (groups.replicate, pg) if g is not None]:
+                    for tensor in list(module.parameters()) + list(module.buffers()):
                         dist.broadcast(tensor.data, src=dist.get_global_rank(group, 0), group=group)
         self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
         if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
