@@ -14,12 +14,6 @@ def _net():
     return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
 
 
-def _device_mesh():
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh("cpu", (1,))
-
-
 def _under(state_dict_type, config=None, optim_config=None):
     model = FSDP(_net())
     with FSDP.state_dict_type(model, state_dict_type, config, optim_config):
@@ -28,7 +22,6 @@ def _under(state_dict_type, config=None, optim_config=None):
 
 REFUSED = {
     "FSDP.cpu_offload": lambda: FSDP(_net(), cpu_offload=CPUOffload(offload_params=True)),
-    "FSDP.device_mesh": lambda: FSDP(_net(), device_mesh=_device_mesh()),
     "MixedPrecision._module_classes_to_ignore": lambda: FSDP(
         nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)),
     "summon_full_params.rank0_only": lambda: FSDP.summon_full_params(FSDP(_net()), rank0_only=True).__enter__(),

@@ -319,7 +319,9 @@ def test_gpu_figures_in_the_notes_are_in_benchmarks_results():
 
 # -- commands in the kit ------------------------------------------------------------------------------------
 SHELL_VALUES = {"NNODES": "2", "NODE_RANK": "0", "HEAD": "node001", "PORT": "29500", "GPUS": "8", "CKPT": "/ck",
-                "SLURM_NNODES": "2", "SLURM_NODEID": "1", "s": "FULL_SHARD", "STRATEGY": "ZERO1"}
+                "SLURM_NNODES": "2", "SLURM_NODEID": "1", "s": "FULL_SHARD", "STRATEGY": "ZERO1",
+                "RDZV_BACKEND": "c10d", "RDZV_ID": "job", "DEVICE": "cuda", "PRESET": "369m", "PRECISION": "bf16",
+                "BATCH": "16", "STEPS": "200", "EVERY": "50"}
 
 
 def _train_commands():
@@ -331,8 +333,8 @@ def _train_commands():
         if path.suffix != ".md":  # shell comments mention the command in prose
             lines = [line for line in lines if not line.lstrip().startswith("#")]
         text = "\n".join(lines).replace("\\\n", " ")
-        for match in re.finditer(r"fsdp-lab train\b([^`\n']*)", text):
-            found.append((path.relative_to(COURSE), match.group(1).split(";")[0]))
+        for match in re.finditer(r"(?:fsdp-lab|\"\$\{FSDP_LAB\[@\]\}\") train\b([^`\n']*)", text):
+            found.append((path.relative_to(COURSE), match.group(1).split(";")[0].replace('"$@"', "")))
     return found
 
 
@@ -378,6 +380,46 @@ def test_two_nodes_on_one_machine(tmp_path):
     # the single-node 4-rank losses of measurements.md M8: two nodes of one rank follow the same curve
     expected = [5.561367034912109, 5.556169509887695, 5.542728900909424, 5.538495063781738]
     assert [r["loss"] for r in log] == pytest.approx(expected, rel=1e-5)
+
+
+def _rehearse(out: Path, **env) -> list[dict]:
+    """One run of local_two_nodes.sh (two torchrun_two_nodes.sh launchers); the per-step log it wrote."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FSDP_LAB": f"{sys.executable} -m fsdp_lab", "PORT": str(free_port()), "OUT": str(out),
+           **env}
+    proc = subprocess.Popen(["bash", str(COURSE / "multinode" / "local_two_nodes.sh")], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    node1 = out / "node1.log"
+    assert proc.returncode == 0, output + (node1.read_text() if node1.exists() else "")
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()], output
+
+
+def test_hybrid_shard_on_two_torchrun_nodes_resumes_exactly(tmp_path):
+    """HYBRID_SHARD on 2 "nodes" x 2 ranks through torchrun's c10d rendezvous (torchrun assigns the node ranks):
+    a run saved after 2 steps and resumed to 4 follows the uninterrupted run's losses exactly."""
+    hsdp = {"NPROC": "2", "STRATEGY": "HYBRID_SHARD", "RDZV_BACKEND": "c10d", "EVERY": "2"}
+    whole, _ = _rehearse(tmp_path / "whole", STEPS="4", CKPT=str(tmp_path / "whole" / "ckpt"), **hsdp)
+    resumed = tmp_path / "resumed"
+    first, _ = _rehearse(resumed, STEPS="2", CKPT=str(resumed / "ckpt"), **hsdp)
+    assert (resumed / "ckpt" / "step_00000002").is_dir()
+    (resumed / "log.jsonl").unlink()
+    second, output = _rehearse(resumed, STEPS="4", CKPT=str(resumed / "ckpt"), RDZV_ID="second", **hsdp)
+    assert "resumed from step 2" in output + (resumed / "node1.log").read_text()
+    assert [r["world_size"] for r in whole] == [4] * 4 and [r["step"] for r in second] == [3, 4]
+    assert [r["loss"] for r in first + second] == [r["loss"] for r in whole], (first, second, whole)
+    # sharded 2 ways inside a node, not 4 ways: each rank holds half of the tiny GPT's 119,424 fp32 parameters
+    assert {r["memory"]["params_sharded"] for r in whole} == {119_424 // 2 * 4}
+    # and HSDP's mean over 4 ranks is FULL_SHARD's over 4 (measurements.md M8's single-node curve)
+    expected = [5.561367034912109, 5.556169509887695, 5.542728900909424, 5.538495063781738]
+    assert [r["loss"] for r in whole] == pytest.approx(expected, rel=1e-5)
 
 
 def test_slides_build_from_a_notebook(tmp_path):

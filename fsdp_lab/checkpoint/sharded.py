@@ -42,6 +42,7 @@ from fsdp_lab.checkpoint import files, trust
 from fsdp_lab.checkpoint.files import FORMAT, CheckpointError
 from fsdp_lab.checkpoint.ownership import output_problem
 from fsdp_lab.runtime.api import FSDP
+from fsdp_lab.runtime.hybrid import checkpoint_mesh
 from fsdp_lab.runtime.state_dict import FullStateDictConfig, StateDictType
 from fsdp_lab.runtime.strategy import ShardingStrategy
 
@@ -71,17 +72,28 @@ def my_piece(tensor: torch.Tensor, flat, ctx) -> torch.Tensor:
 
 
 def mesh_of(model):
-    """A 1-D DeviceMesh over the model's process flat: what DTensor needs to describe the pieces."""
+    """A 1-D DeviceMesh over the model's process group: what DTensor needs to describe the pieces. Under
+    HYBRID_SHARD a 2-D one (replicate, shard): every shard group holds the same pieces, which DCP then writes once
+    and loads into each ([Note: hybrid checkpoints])."""
     from torch.distributed.device_mesh import DeviceMesh
 
+    if model._ctx.replicate_pg is not None:
+        return checkpoint_mesh(model._groups, model._ctx.device.type)
     return DeviceMesh.from_group(model._ctx.pg, model._ctx.device.type)
+
+
+def job_group(model):
+    """[Note: hybrid checkpoints] The group that saves and loads together and whose rank 0 publishes: the model's
+    process group, or under HYBRID_SHARD every rank (None: the default group), so two shard groups never both
+    publish one step. The shard and replicate groups must then tile the whole job (checkpoint_mesh checks)."""
+    return None if model._ctx.replicate_pg is not None else model._ctx.pg
 
 
 def dtensor(local: torch.Tensor, mesh, numel: int, replicated: bool):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    placement = Replicate() if replicated else Shard(0)
-    return DTensor.from_local(local, mesh, [placement], run_check=False, shape=torch.Size([numel]), stride=(1,))
+    placements = [Replicate()] * (mesh.ndim - 1) + [Replicate() if replicated else Shard(0)]
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=torch.Size([numel]), stride=(1,))
 
 
 def save_target(tensor: torch.Tensor, flat, ctx, mesh):
@@ -188,7 +200,7 @@ def on_rank0(fn: Callable, pg=None, device: Optional[torch.device] = None):
 def _on_rank0(fn: Callable, model):
     """on_rank0 over the model's process group (its CUDA device carries the broadcast where there is one)."""
     ctx = model._ctx
-    return on_rank0(fn, ctx.pg, ctx.device if ctx.device.type == "cuda" else None)
+    return on_rank0(fn, job_group(model), ctx.device if ctx.device.type == "cuda" else None)
 
 
 def _rank_exceptions(err: BaseException) -> dict[int, BaseException]:
@@ -267,7 +279,7 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
                                        for pg in optimizer.param_groups]}
     writer = (writer_factory or dcp.FileSystemWriter)(str(tmp))
     try:
-        dcp.save(state, storage_writer=writer, process_group=ctx.pg)
+        dcp.save(state, storage_writer=writer, process_group=job_group(model))
     except (Exception, CheckpointException) as err:
         needed = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in state.values())
         raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
@@ -344,7 +356,7 @@ def load(model, optimizer, path: str | os.PathLike, allow_unverified: bool = Fal
                     entry[full_key[len(prefix):]] = (state[full_key], False)
             loaded_optim.append((flat, members, entry))
     try:
-        dcp.load(state, storage_reader=reader, process_group=ctx.pg)
+        dcp.load(state, storage_reader=reader, process_group=job_group(model))
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"loading {step_dir} failed: {_one_line(err)}", every_rank=True) from err
     restored = []  # (parameter, its state): the flat shard, or with use_orig_params each original parameter

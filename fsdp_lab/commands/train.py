@@ -68,8 +68,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("training")
     g.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size (default tiny)")
-    g.add_argument("--strategy", choices=list(ShardingStrategy.__members__), default="FULL_SHARD",
-                   help="FULL_SHARD (ZeRO-3, default), SHARD_GRAD_OP (ZeRO-2), ZERO1, NO_SHARD (DDP)")
+    g.add_argument("--strategy", "--sharding-strategy", dest="strategy", choices=list(ShardingStrategy.__members__),
+                   default="FULL_SHARD", help="FULL_SHARD (ZeRO-3, default), SHARD_GRAD_OP (ZeRO-2), ZERO1, NO_SHARD "
+                   "(DDP); HYBRID_SHARD / _HYBRID_SHARD_ZERO2: FULL_SHARD / SHARD_GRAD_OP inside each node "
+                   "(--nproc-per-node ranks), replicated across the --nnodes nodes")
     g.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: gather and compute in bf16, reduce gradients in fp32, fp32 masters (default fp32)")
     g.add_argument("--backward-prefetch", choices=BACKWARD_PREFETCH_CHOICES, default="BACKWARD_PRE",

@@ -4,7 +4,8 @@ Off by default: a model without a tracer pays one `is None` check per event. Swi
 `with trace.record(model, path, optimizer=opt): ...` (or model.set_tracer(Tracer(...))). `model` is a model
 wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front ends emit the same events.
 
-Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}.
+Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}; an event
+that issued collectives also has "group" ("shard" or "replicate") and "group_ranks" (that group's global ranks).
 "mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.memory) and, on CUDA, "cuda_allocated" and
 "cuda_reserved" from the caching allocator.
 """
@@ -58,6 +59,8 @@ class Tracer:
         record = {"t": time.time(), "rank": self.rank, "step": self.step, "unit": unit, "phase": phase,
                   "event": event, "bytes_sent": int(bytes_sent), "bytes_received": int(bytes_received),
                   "mem": self.memory(), **extra}
+        if collectives:  # one beat's collectives run in one group: "shard" or "replicate", and its ranks
+            record["group"], record["group_ranks"] = collectives[0].group, list(collectives[0].ranks)
         if self.keep_in_memory:
             self.events.append(record)
         if self._file is not None:

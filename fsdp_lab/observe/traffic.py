@@ -162,3 +162,25 @@ def comm_summary(events: Iterable[dict]) -> CommSummary:
     return CommSummary(tuple(CommRecord(rank, step, beat, calls, sent, received)
                              for (rank, step, beat), (calls, sent, received) in sorted(acc.items())),
                        tuple(sorted(seen)))
+
+
+def bytes_by_group(events: Iterable[dict], rank: Optional[int] = None, step: Optional[int] = None,
+                   key: str = "group", collective: bool = False) -> dict:
+    """Bytes sent, summed per process group: inside a node ("shard") and across nodes ("replicate") under HSDP
+    ([Note: hybrid sharding] in fsdp_lab/runtime/hybrid.py). key="ranks" keys by the group's global ranks
+    instead of its label; collective=True splits each group by collective ((group, collective) keys). Events of
+    one rank or a merged timeline; `rank`/`step` select."""
+    if key not in ("group", "ranks"):
+        raise ValueError(f"bytes_by_group key must be 'group' or 'ranks', got {key!r}")
+    totals: dict = defaultdict(int)
+    for e in events:
+        beat = BEAT_OF_EVENT.get(e.get("event"))
+        if beat is None or not e.get("bytes_sent") or (rank is not None and e.get("rank") != rank) \
+                or (step is not None and e.get("step") != step):
+            continue
+        if "group" not in e:
+            raise ValueError(f"event {e.get('event')!r} of unit {e.get('unit')!r} sent bytes but names no group "
+                             f"(a trace written before groups were recorded)")
+        group = e["group"] if key == "group" else tuple(e["group_ranks"])
+        totals[(group, COLLECTIVE_OF_BEAT[beat]) if collective else group] += int(e["bytes_sent"])
+    return dict(totals)

@@ -18,6 +18,7 @@ from fsdp_lab.runtime.deferred_init import UnitInit
 from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.flat_param import FlatParam
 from fsdp_lab.runtime.grad_norm import clip_grad_norm_
+from fsdp_lab.runtime.hybrid import device_type_of, fsdp1_groups, hybrid_state
 from fsdp_lab.runtime.ignored import resolve_ignored
 from fsdp_lab.runtime.memory import memory_report
 from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
@@ -47,7 +48,8 @@ class FSDP(nn.Module):
     device is materialised one unit at a time (param_init_fn, or to_empty + reset_parameters), and
     sync_module_states broadcasts rank 0's values one unit at a time ([Note: materialising one unit at a time] in
     deferred_init.py); ignored_modules / ignored_states stay plain local parameters ([Note: ignored modules] in
-    ignored.py). cpu_offload with offload_params=True and device_mesh raise a ValueError naming them. Unknown
+    ignored.py). HYBRID_SHARD and _HYBRID_SHARD_ZERO2 take device_mesh or process_group=(shard_pg, replicate_pg)
+    as torch does (hybrid.py). cpu_offload with offload_params=True raises a ValueError naming it. Unknown
     attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
@@ -59,18 +61,20 @@ class FSDP(nn.Module):
         super().__init__()
         if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
             raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
-        if device_mesh is not None:
-            raise ValueError(f"FSDP option device_mesh={device_mesh!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
             raise ValueError("module is already wrapped with FSDP")
         check_param_init_fn(param_init_fn)
         ignored = resolve_ignored(module, ignored_modules, ignored_states, FSDP)
-        pg = check_process_group(process_group)
+        check_process_group(None)  # initialised? (fsdp1_groups checks the groups given)
         strategy = coerce_enum(sharding_strategy or ShardingStrategy.FULL_SHARD, ShardingStrategy,
                                "sharding_strategy")
+        groups = fsdp1_groups(process_group, device_mesh, strategy, auto_wrap_policy,
+                              device_type_of(module, device_id))  # [Note: hybrid sharding] in hybrid.py
+        pg = groups.shard
         prefetch = coerce_enum(backward_prefetch, BackwardPrefetch, "backward_prefetch")
         mixed_precision = coerce_mixed_precision(mixed_precision, module)
-        self._settings = {"process_group": tuple(dist.get_process_group_ranks(pg)), "sharding_strategy": strategy,
+        self._settings = {"process_group": groups.shard_ranks, "replicate_group": groups.replicate_ranks,
+                          "sharding_strategy": strategy,
                           "mixed_precision": mixed_precision, "backward_prefetch": prefetch,
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
                           "use_orig_params": bool(use_orig_params)}
@@ -87,7 +91,8 @@ class FSDP(nn.Module):
         check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
                                     for p, aliases in u.trainable + u.frozen]) for u in unit_params],
                          pg, dist.get_rank(pg), dist.get_world_size(pg), device)
-        unit_init = UnitInit(param_init_fn, device, bool(sync_module_states), pg,
+        unit_init = UnitInit(param_init_fn, device, bool(sync_module_states),
+                             tuple(g for g in (groups.replicate, pg) if g is not None),
                              frozenset(id(u.module) for u in unit_params), ignored.modules, ignored.params)
         self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
         if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
@@ -107,7 +112,8 @@ class FSDP(nn.Module):
             reduce_dtype=reduce_dtype(mixed_precision, torch.float32), device=device,
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             limit_all_gathers=bool(limit_all_gathers),
-            on_backward_start=self._on_backward_start)
+            on_backward_start=self._on_backward_start, **hybrid_state(groups))
+        self._groups = groups
         self._units = self._build_units(unit_params, unit_init)
         watch_optimizers(self)
 

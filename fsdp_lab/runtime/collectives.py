@@ -4,8 +4,9 @@ Synchronous on purpose: the caller issues them inside a side stream (fsdp_lab/ru
 "synchronous" collective only orders that stream, never the host, and NCCL runs it there instead of queueing
 every collective on one internal stream. On CPU the same calls simply run. There are no work handles to carry.
 
-Each returns a `Collective` saying what it moved (kind, element count, dtype, world size), which the unit hands to
-an attached tracer with the event; the tracer turns it into bytes ([Note: ring byte counts] in
+Each returns a `Collective` saying what it moved (kind, element count, dtype, world size, and the group it ran in:
+"shard" or "replicate" with its global ranks, so traffic inside and across nodes can be told apart), which the
+unit hands to an attached tracer with the event; the tracer turns it into bytes ([Note: ring byte counts] in
 fsdp_lab/observe/traffic.py). World size 1 skips the communication.
 
 [Note: dividing by N without overflow] gloo has no AVG for reduce-scatter, so the mean is a sum divided by N.
@@ -33,6 +34,8 @@ class Collective:
     numel: int
     dtype: torch.dtype
     world_size: int
+    group: str = "shard"  # "shard" | "replicate" ([Note: hybrid sharding] in fsdp_lab/runtime/hybrid.py)
+    ranks: tuple = ()  # the group's global ranks
 
 
 class CollectiveFailed(getattr(dist, "DistError", RuntimeError)):
@@ -77,13 +80,13 @@ def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
-                    unit: str = "") -> Collective:
+                    unit: str = "", group: tuple = ("shard", ())) -> Collective:
     """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`. `unit` names
-    the FSDP unit in the error a failed collective raises."""
+    the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the trace."""
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
-    call = Collective("all_gather", output.numel(), output.dtype, world_size)
+    call = Collective("all_gather", output.numel(), output.dtype, world_size, *group)
     if world_size == 1:
         output.copy_(shard)  # copy_ casts as it copies
     else:
@@ -93,12 +96,12 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: i
 
 
 def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,
-                        unit: str = "") -> tuple[Collective, torch.Tensor]:
+                        unit: str = "", group: tuple = ("shard", ())) -> tuple[Collective, torch.Tensor]:
     """Copy-in (cast to `reduce_dtype`, pre-divide), reduce-scatter (sum), copy-out (post-divide): this rank's
     chunk of the mean over ranks of every rank's `full_grad`. Returns (what moved, the chunk)."""
     pre, post = divide_factors(world_size, reduce_dtype)
     send = full_grad if full_grad.dtype == reduce_dtype else full_grad.to(reduce_dtype)
-    call = Collective("reduce_scatter", send.numel(), send.dtype, world_size)
+    call = Collective("reduce_scatter", send.numel(), send.dtype, world_size, *group)
     if world_size == 1:  # the (cast) gradient is already this rank's whole shard: no copy
         return call, send
     if pre != 1.0:
@@ -109,11 +112,11 @@ def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dty
 
 
 def all_reduce_mean(grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,
-                    unit: str = "") -> tuple[Collective, torch.Tensor]:
+                    unit: str = "", group: tuple = ("shard", ())) -> tuple[Collective, torch.Tensor]:
     """DDP's gradient sync: the mean over ranks, in place on `grad` when it already has `reduce_dtype`."""
     pre, post = divide_factors(world_size, reduce_dtype)
     buf = grad if grad.dtype == reduce_dtype else grad.to(reduce_dtype)
-    call = Collective("all_reduce", buf.numel(), buf.dtype, world_size)
+    call = Collective("all_reduce", buf.numel(), buf.dtype, world_size, *group)
     if world_size == 1:
         return call, buf
     if pre != 1.0:

@@ -64,7 +64,7 @@ class UnitInit:
     param_init_fn: Optional[Callable[[nn.Module], None]]
     device: torch.device  # where meta modules are materialised (to_empty)
     sync_module_states: bool
-    pg: object
+    groups: tuple  # sync_module_states broadcasts over each in turn: (replicate, shard) when hybrid, else (shard,)
     unit_modules: frozenset  # ids of every unit's module: a unit does not materialise another's
     ignored: frozenset  # ids of ignored modules: never materialised, their parameters never broadcast
     ignored_params: frozenset
@@ -117,7 +117,8 @@ class UnitInit:
             if id(buf) not in self.synced_buffers:
                 self.synced_buffers.add(id(buf))
                 tensors.append(buf)
-        source = dist.get_global_rank(self.pg, 0)
         with torch.no_grad():
-            for tensor in tensors:
-                dist.broadcast(tensor.detach(), src=source, group=self.pg)
+            for group in self.groups:  # hybrid: across the nodes first, so each shard group's rank 0 has rank 0's
+                source = dist.get_global_rank(group, 0)
+                for tensor in tensors:
+                    dist.broadcast(tensor.detach(), src=source, group=group)

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from fsdp_lab.runtime.fsdp_module import FSDPModule
+from fsdp_lab.runtime.hybrid import hybrid_state, mesh_groups, shard_coordinate
 from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
 from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
 from fsdp_lab.runtime.param_group import ParamGroup
@@ -60,19 +61,22 @@ class FullyShardState:
         if any(s.root is not None and s.root.ctx.in_backward for s in _states_below(self.module)):
             raise RuntimeError("a fully_shard module cannot become a root while its backward is running")
         states = [self] + [s for s in _states_below(self.module) if s is not self]
-        ranks = tuple(dist.get_process_group_ranks(self.mesh.get_group()))
+        groups = mesh_groups(self.mesh)  # [Note: hybrid sharding] in hybrid.py
+        ranks = (groups.shard_ranks, groups.replicate_ranks)
         for s in states:
-            theirs = tuple(dist.get_process_group_ranks(s.mesh.get_group()))
+            other = mesh_groups(s.mesh)
+            theirs = (other.shard_ranks, other.replicate_ranks)
             if theirs != ranks:
-                raise ValueError(f"fully_shard modules of one model must share one mesh: the root's covers ranks "
-                                 f"{ranks}, '{type(s.module).__name__}''s covers {theirs}")
-        ctx = FSDPState(pg=self.mesh.get_group(), world_size=self.mesh.size(), rank=self.mesh.get_local_rank(),
+                raise ValueError(f"fully_shard modules of one model must share one mesh: the root's (shard, "
+                                 f"replicate) ranks are {ranks}, '{type(s.module).__name__}''s {theirs}")
+        shard_rank, shard_size = shard_coordinate(self.mesh)
+        ctx = FSDPState(pg=groups.shard, world_size=shard_size, rank=shard_rank,
                         strategy=ShardingStrategy.FULL_SHARD, mixed_precision=None, compute_dtype=torch.float32,
                         reduce_dtype=torch.float32, device=self.device, forward_prefetch=False,
                         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, max_gathers_in_flight=2,
-                        on_backward_start=self._on_backward_start)
+                        on_backward_start=self._on_backward_start, **hybrid_state(groups))
         names = {id(m): n for n, m in self.module.named_modules()}
-        groups = make_post_forward_groups(self.mesh, [s.post_forward_size for s in states if s.post_forward_size])
+        post_forward = make_post_forward_groups(self.mesh, [s.post_forward_size for s in states if s.post_forward_size])
         for s in states:
             s.root, s.ctx = self, ctx
             s.unit.ctx, s.unit.is_root = ctx, s is self
@@ -82,7 +86,7 @@ class FullyShardState:
             if s.auto_reshard:
                 s.unit.reshard_after_forward = s is not self
             if s.post_forward_size:
-                s.unit.post_forward_group = groups[s.post_forward_size]
+                s.unit.post_forward_group = post_forward[s.post_forward_size]
         self.states = states
 
     # -- hooks -------------------------------------------------------------------------------------------------
@@ -187,9 +191,7 @@ def _check_mesh(mesh):
 
         device_type = "cuda" if torch.cuda.is_available() and dist.get_backend() != "gloo" else "cpu"
         mesh = init_device_mesh(device_type, (dist.get_world_size(),))
-    if mesh.ndim != 1:
-        raise ValueError(f"fully_shard mesh with {mesh.ndim} dimensions (HSDP) is not supported by fsdp_lab; pass "
-                         f"a 1-D mesh")
+    mesh_groups(mesh)  # 1-D: FSDP; 2-D (replicate, shard): HSDP; any other refused by name
     return mesh
 
 
@@ -208,11 +210,14 @@ def _check_reshard_after_forward(value, mesh):
         return value
     if not isinstance(value, int):
         raise ValueError(f"reshard_after_forward should be a bool or an int, not {value!r}")
-    world_size = mesh.size()
+    world_size = shard_coordinate(mesh)[1]  # an HSDP mesh reshards within its shard dimension
     if value < 1 or value > world_size or world_size % value:
         raise ValueError(f"reshard_after_forward={value} should be a factor of the mesh size {world_size}")
     if value in (1, world_size):
         return value == world_size
+    if mesh.ndim > 1:
+        raise ValueError(f"fully_shard option reshard_after_forward={value} on a {mesh.ndim}-D (HSDP) mesh is not "
+                         f"supported by fsdp_lab: use True, False, or a 1-D mesh")
     check_group_size(mesh, value)
     return value
 

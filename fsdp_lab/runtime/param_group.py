@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 
 from fsdp_lab.runtime.collectives import Collective, all_gather_flat
+from fsdp_lab.runtime.hybrid import shard_coordinate, shard_placements
 from fsdp_lab.runtime.layout import UnshardedViews
 
 
@@ -66,13 +67,14 @@ class ShardedParam:
 
 
 def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, device: torch.device) -> nn.Parameter:
-    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is)."""
+    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is): rank
+    and world size of the mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other."""
     rows = math.ceil(param.shape[0] / world_size)
     start = min(rank * rows, param.shape[0])
     local = param.detach()[start:start + rows]
     if local.device.type != "meta":
         local = local.to(device).clone()  # its own storage: the unsharded original can be freed
-    dtensor = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=param.shape,
+    dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
                                  stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
 
@@ -83,7 +85,7 @@ class ParamGroup(UnshardedViews):
     def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
                  reduce_dtype: torch.dtype, device: torch.device):
         self.unit_name, self.requires_grad = unit_name, requires_grad
-        self.world_size, self.rank = mesh.size(), mesh.get_local_rank()
+        self.rank, self.world_size = shard_coordinate(mesh)
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
         self.shard, self.orig_params, self.persistent_full, self.replica = None, None, False, None
         self.grad_stash = self.replica_grad = None

@@ -46,6 +46,8 @@ def check_group_size(mesh, size: int) -> None:
 
 def make_post_forward_groups(mesh, sizes) -> dict[int, PostForwardGroup]:
     """{k: this rank's group of k} for every k in `sizes`: every rank makes every group, in one order."""
+    if not sizes:
+        return {}
     ranks = tuple(mesh.mesh.flatten().tolist())  # mesh order, as the shards are numbered
     me = dist.get_rank()
     timeout = _timeout_of(mesh.get_group())

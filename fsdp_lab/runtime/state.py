@@ -36,6 +36,12 @@ class FSDPState:
     limit_all_gathers: bool = True
     max_gathers_in_flight: Optional[int] = None  # explicit prefetch's bound (default: from limit_all_gathers)
     max_reduces_in_flight: int = 2
+    # HSDP ([Note: hybrid sharding] in hybrid.py): `pg` is the shard group; the reduced shards are all-reduced
+    # over `replicate_pg`. Each group's (label, global ranks) goes with its collectives into the trace.
+    replicate_pg: Any = None
+    replicate_size: int = 1
+    shard_tag: tuple = ("shard", ())
+    replicate_tag: tuple = ("replicate", ())
     # -- flags of the step in progress ----------------------------------------------------------------------
     sync_gradients: bool = True
     param_epoch: int = 0

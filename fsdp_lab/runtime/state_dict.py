@@ -113,6 +113,10 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
     if settings.state_dict_type is StateDictType.SHARDED_STATE_DICT:
         from torch.distributed.device_mesh import DeviceMesh
 
+        if ctx.replicate_pg is not None:
+            raise ValueError(f"state_dict_type SHARDED_STATE_DICT with sharding_strategy {ctx.strategy.name} is not "
+                             f"supported by fsdp_lab; use FULL_STATE_DICT, or fsdp_lab.checkpoint.save/load")
+
         mesh = DeviceMesh.from_group(ctx.pg, ctx.device.type)
         param_names = {prefix + q for u in model.units for f in u.flats for s in f.slots for _m, _a, q in s.aliases}
 

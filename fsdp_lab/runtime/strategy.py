@@ -5,6 +5,8 @@ ZeRO stage map (DeepSpeed's names → ours):
     ZeRO-2  SHARD_GRAD_OP  gradients and optimizer state sharded; gathered parameters kept from forward to backward
     ZeRO-1  ZERO1          only optimizer state sharded; parameters and gradients replicated (torch has no such mode)
     DDP     NO_SHARD       everything replicated; gradients all-reduced
+    HSDP    HYBRID_SHARD, _HYBRID_SHARD_ZERO2: FULL_SHARD / SHARD_GRAD_OP inside the shard group (a node), replicated
+            across the replicate group (the nodes); fsdp_lab/runtime/hybrid.py
 """
 from __future__ import annotations
 
@@ -16,19 +18,28 @@ class ShardingStrategy(enum.Enum):
     SHARD_GRAD_OP = "SHARD_GRAD_OP"
     NO_SHARD = "NO_SHARD"
     ZERO1 = "ZERO1"
+    HYBRID_SHARD = "HYBRID_SHARD"
+    _HYBRID_SHARD_ZERO2 = "_HYBRID_SHARD_ZERO2"
 
     @property
     def zero_stage(self) -> int:
-        return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "ZERO1": 1, "NO_SHARD": 0}[self.value]
+        """The ZeRO stage inside the shard group (the hybrid strategies replicate across groups on top)."""
+        return {"FULL_SHARD": 3, "HYBRID_SHARD": 3, "SHARD_GRAD_OP": 2, "_HYBRID_SHARD_ZERO2": 2, "ZERO1": 1,
+                "NO_SHARD": 0}[self.value]
 
     @property
     def shards_params(self) -> bool:
-        """Whether a rank keeps only its 1/N slice of the parameters between steps."""
-        return self in (ShardingStrategy.FULL_SHARD, ShardingStrategy.SHARD_GRAD_OP)
+        """Whether a rank keeps only its 1/N slice of the parameters between steps (N: the shard group)."""
+        return self.zero_stage >= 2
 
     @property
     def frees_after_forward(self) -> bool:
-        return self is ShardingStrategy.FULL_SHARD
+        return self.zero_stage == 3
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Sharded inside one group, replicated across another (torch's HYBRID_SHARDING_STRATEGIES)."""
+        return self in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2)
 
 
 class BackwardPrefetch(enum.Enum):

@@ -262,7 +262,7 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
     flat.replica_epoch = ctx.param_epoch
     # The shard is normally a window onto the replica: gather from a copy, never from the output itself.
     return all_gather_flat(flat.replica.data, flat.shard.detach().clone(), ctx.pg, ctx.world_size,
-                           flat.unit_name)
+                           flat.unit_name, ctx.shard_tag)
 
 
 def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]:
@@ -289,7 +289,7 @@ def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]
         else:  # the layout's copy-in (casting to the compute dtype: a bf16 policy sends bf16), the all-gather,
             # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py)
             output = flat.gather_output(full)
-            comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name)
+            comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name, ctx.shard_tag)
             flat.copy_out(output, full)
         return streams.record("gather"), comm
 
@@ -297,21 +297,28 @@ def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]
 # -- reduce ----------------------------------------------------------------------------------------------------
 def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str) -> None:
     """Reduce one flat's unsharded gradient on the reduce stream and put this rank's part on shard.grad:
-    reduce-scatter for the sharded strategies and ZERO1, all-reduce for NO_SHARD. The compute stream waits for
-    it through the ReduceQueue, at the latest at the end of backward."""
+    reduce-scatter for the sharded strategies and ZERO1, all-reduce for NO_SHARD; under HSDP the reduced shard
+    is then all-reduced across the replicate group ([Note: hybrid sharding] in hybrid.py). The compute stream
+    waits for it through the ReduceQueue, at the latest at the end of backward."""
     streams = ctx.streams
     scatter = ctx.strategy is not ShardingStrategy.NO_SHARD
+    across = None
     with label(f"fsdp_lab::reduce {unit_name}"), torch.no_grad(), streams.side("reduce"):
         if scatter:
             comm, out = reduce_scatter_mean(flat.reduce_input(grad), ctx.pg, ctx.world_size, flat.reduce_dtype,
-                                            unit_name)
+                                            unit_name, ctx.shard_tag)
         else:
-            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, flat.reduce_dtype, unit_name)
+            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, flat.reduce_dtype, unit_name, ctx.shard_tag)
+        if ctx.replicate_pg is not None:
+            across, out = all_reduce_mean(out, ctx.replicate_pg, ctx.replicate_size, flat.reduce_dtype, unit_name,
+                                          ctx.replicate_tag)
         store_grad(ctx, flat, grad, out)
         event = streams.record("reduce")
     ctx.grads_reduced = True  # the optimizer may step now ([Note: ZeRO-1 replicas])
     ctx.reduces.push(event, keep=(grad,) if streams.enabled else ())  # CPU: nothing runs later, nothing to keep
     ctx.emit("reduce_scatter" if scatter else "all_reduce", unit_name, "backward", (comm,))
+    if across is not None:
+        ctx.emit("all_reduce", unit_name, "backward", (across,))
 
 
 def store_grad(ctx, flat, grad: torch.Tensor, out: torch.Tensor) -> None:

@@ -97,11 +97,13 @@ class MemoryNeed:
 
 def memory_need(preset: str, global_batch: int, world_size: int, local_ranks: int, strategy: str) -> MemoryNeed:
     """At least 16·Φ/N bytes per rank of sharded state (4 each: parameter, gradient, exp_avg, exp_avg_sq; 16·Φ
-    replicated under NO_SHARD, 8·Φ + 8·Φ/N under ZERO1), and never less than the 4·Φ of the full model each rank
+    replicated under NO_SHARD, 8·Φ + 8·Φ/N under ZERO1, N the ranks of one node under HYBRID_SHARD), and never less than the 4·Φ of the full model each rank
     builds before FSDP shards it; plus the logits (B·T·vocab fp32) and their gradient. Everything else
     (other activations, the gathered units, the allocator's slack) comes on top, so this is a floor."""
     params = parameter_count(preset)
     n = max(1, world_size)
+    if strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):  # sharded inside the node only
+        n = max(1, local_ranks)
     state = {"NO_SHARD": 16 * params, "ZERO1": 8 * params + 8 * params // n}.get(strategy, 16 * params // n)
     cfg = PRESETS[preset]
     logits = 2 * 4 * (global_batch // n) * cfg.block_size * cfg.vocab_size

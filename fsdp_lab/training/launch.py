@@ -156,3 +156,22 @@ def run_on_ranks(fn, world_size: int, *args, timeout_s: float = 180.0, backend: 
         for p in procs:
             p.join(timeout=10)
     return [outputs[r] for r in range(world_size)]
+
+
+def node_mesh(strategy: str, device):
+    """Under the hybrid strategies, the 2-D mesh (nodes, ranks per node): shard inside a node, replicate across
+    nodes. The ranks per node are torchrun's LOCAL_WORLD_SIZE (one node when run alone); torchrun numbers a
+    node's ranks consecutively, which is checked. None for the other strategies (one group of every rank)."""
+    if strategy not in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):
+        return None
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    node, local_rank = int(os.environ.get("GROUP_RANK", 0)), int(os.environ.get("LOCAL_RANK", rank))
+    if world % local or rank != node * local + local_rank:
+        raise ValueError(f"--strategy {strategy} shards inside a node: it needs every node to run the same number "
+                         f"of ranks, numbered node by node, but rank {rank} of {world} is local rank {local_rank} "
+                         f"of {local} on node {node}")
+    return init_device_mesh(device.type, (world // local, local), mesh_dim_names=("replicate", "shard"))

@@ -35,6 +35,7 @@ from fsdp_lab.runtime.api import FSDP
 from fsdp_lab.runtime.mixed_precision import MixedPrecision
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
 from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.training.launch import node_mesh
 from fsdp_lab.training.log_output import WarnOnceWriter
 from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
 
@@ -191,7 +192,8 @@ def build(cfg: TrainConfig, device: torch.device):
     mp = MixedPrecision(torch.bfloat16, torch.float32) if cfg.mixed_precision == "bf16" else None
     model = FSDP(build_gpt(cfg.preset, seed=cfg.seed), sharding_strategy=cfg.strategy,
                  auto_wrap_policy=ModuleWrapPolicy({Block}), mixed_precision=mp,
-                 device_id=device if device.type == "cuda" else None, forward_prefetch=cfg.forward_prefetch,
+                 device_mesh=node_mesh(cfg.strategy, device), device_id=device if device.type == "cuda" else None,
+                 forward_prefetch=cfg.forward_prefetch,
                  backward_prefetch=None if cfg.backward_prefetch == "none" else BackwardPrefetch[cfg.backward_prefetch],
                  limit_all_gathers=cfg.limit_all_gathers)
     if cfg.activation_checkpointing:
