@@ -202,7 +202,7 @@ class Unit:
         self.ctx.record_post_forward(self)
         hooked = False
         if torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
+            for t in (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(self._pre_backward_hook)
                     hooked = True
