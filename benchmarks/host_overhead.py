@@ -10,13 +10,14 @@ World size 1 on CPU (gloo), 24 GPT blocks of width 16: compute is negligible, so
 them: fsdp_lab is the FSDP1 wrapper, fsdp_lab_fully_shard the FSDP2 front end, fsdp2 torch's own).
 
 [Note: the host-overhead ratio] One worker process builds every setup and plain training on the same weights and
-batch. Each round runs `--steps` steps of every setup, back to back, the order rotating from round to round; per
-round and setup the median step time is taken. The ratio of a setup is its median divided by plain training's
-median *in the same round*, so a change of machine load between rounds cancels out; reported is the median over
-rounds of that per-round ratio (and, as a cross-check, the same with the thread's CPU time instead of wall time,
-which another process on a shared machine disturbs less). The bar: at most BAR (1.2) for each fsdp_lab front end.
-With `--baseline REV` a second worker imports fsdp_lab from that commit (`git archive`) and is measured in the
-same rounds, alternating with the first, so "before" and "after" figures come from one run.
+batch. A round runs `--steps` cycles of one step of every setup (so the steps compared are neighbours in time,
+the order rotating every cycle); per round and setup the median step time is taken. The ratio of a setup is its
+median divided by plain training's median *in the same round*, so a change of machine load between rounds
+cancels out; reported is the median over rounds of that per-round ratio, with wall time (the bar's measure) and,
+as a cross-check, the thread's CPU time, which other processes on a shared machine disturb less. The bar: at
+most BAR (1.2) for each fsdp_lab front end. With `--baseline REV` a second worker imports fsdp_lab from that
+commit (`git archive`) and runs its rounds alternating with the first's, so "before" and "after" come from one
+run.
 """
 from __future__ import annotations
 
@@ -55,15 +56,17 @@ def worker(setups: list[str]) -> None:
         for _ in range(3):
             runner.step(x, y)
     print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
+    modes = list(runners)
     for line in sys.stdin:
-        mode, n = line.split()
-        wall, cpu = [], []
-        for _ in range(int(n)):
-            w0, c0 = time.perf_counter(), time.thread_time()
-            runners[mode].step(x, y)
-            cpu.append(time.thread_time() - c0)
-            wall.append(time.perf_counter() - w0)
-        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+        n = int(line)
+        times = {mode: {"wall": [], "cpu": []} for mode in modes}
+        for i in range(n):  # one step of every setup, then again: neighbours in time, the order rotating
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                w0, c0 = time.perf_counter(), time.thread_time()
+                runners[mode].step(x, y)
+                times[mode]["cpu"].append(time.thread_time() - c0)
+                times[mode]["wall"].append(time.perf_counter() - w0)
+        print(json.dumps(times), flush=True)
     dist.destroy_process_group()
 
 
@@ -77,11 +80,12 @@ def start(pythonpath: str, setups: list[str]) -> tuple[subprocess.Popen, str]:
     return proc, hello["torch"]
 
 
-def ask(proc: subprocess.Popen, mode: str, steps: int) -> dict:
-    proc.stdin.write(f"{mode} {steps}\n")
+def ask(proc: subprocess.Popen, steps: int) -> dict:
+    """One round: {mode: {"wall": median, "cpu": median}} over `steps` interleaved steps of every setup."""
+    proc.stdin.write(f"{steps}\n")
     proc.stdin.flush()
     times = json.loads(proc.stdout.readline())
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {mode: {k: statistics.median(v) for k, v in t.items()} for mode, t in times.items()}
 
 
 def summarize(per_round: dict, setups: list[str], version: str) -> dict:
@@ -103,7 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--setup", nargs="+", default=list(FRONT_ENDS),
                    help="setups timed against plain (default: both fsdp_lab front ends)")
     p.add_argument("--rounds", type=int, default=20)
-    p.add_argument("--steps", type=int, default=8, help="steps per setup per round")
+    p.add_argument("--steps", type=int, default=8, help="steps of each setup per round, interleaved")
     p.add_argument("--baseline", default=None, help="also measure fsdp_lab at this git revision, in the same rounds")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -120,13 +124,13 @@ def main(argv=None) -> int:
                                      capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
             workers["baseline"] = start(base_dir, args.setup)
-        pairs = [(v, m) for v in workers for m in (*args.setup, "plain")]
-        per_round = {pair: [] for pair in pairs}
+        versions = list(workers)
+        per_round = {(v, m): [] for v in versions for m in (*args.setup, "plain")}
         try:
             for r in range(args.rounds):
-                order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
-                for version, mode in order:
-                    per_round[(version, mode)].append(ask(workers[version][0], mode, args.steps))
+                for version in versions[r % len(versions):] + versions[:r % len(versions)]:
+                    for mode, medians in ask(workers[version][0], args.steps).items():
+                        per_round[(version, mode)].append(medians)
         finally:
             for proc, _torch in workers.values():
                 proc.stdin.close()
