@@ -113,6 +113,7 @@ class ParamGroup(UnshardedViews):
             if s.shard_numel > held:
                 self._send_sizes.append(s.shard_numel - held)
         self._local_shapes = [(s.local_rows, *s.shape[1:]) for s in slots]
+        self._shard_sizes = [s.shard_numel for s in slots]
         self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
         self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
@@ -136,8 +137,9 @@ class ParamGroup(UnshardedViews):
     # [Note: copy-in without per-step views] A gather runs twice per step per group, so what copy-in reads and
     # writes is kept rather than cut again each time: the flattened local tensors of the held parameters (made
     # again when a registered parameter, its local tensor or that tensor's storage is replaced: to_empty,
-    # load_state_dict(assign=True), `.data =`), and at world size 1 the per-parameter pieces of `full`, which
-    # stay valid across frees since the storage is resized in place ([Note: views made once] in layout.py).
+    # load_state_dict(assign=True), `.data =`), and the per-parameter pieces of `full` the gather writes (copy-in's
+    # at world size 1, copy-out's otherwise). Those are cut from `full.data`, which autograd does not track, and
+    # stay valid across frees: the same storage is resized to 0 and back in place.
     # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
     def _sources(self) -> list[torch.Tensor]:
         tensors = [slot.registered()._local_tensor for slot in self._held]
@@ -150,11 +152,17 @@ class ParamGroup(UnshardedViews):
         return flat
 
     def _targets(self, full_data: torch.Tensor) -> list[torch.Tensor]:
+        """Where the gather writes into `full`: copy-in's pieces at world size 1, else copy-out's (N, c_i * row)
+        block per parameter."""
         storage = full_data.untyped_storage()._cdata
         cache = self._targets_cache
         if cache is None or cache[0] != storage:
-            parts = torch.split(full_data, self._send_sizes)
-            cache = self._targets_cache = (storage, [parts[i] for i in self._send_picks])
+            if self.world_size == 1:
+                parts = torch.split(full_data, self._send_sizes)
+                targets = [parts[i] for i in self._send_picks]
+            else:
+                targets = [part.view(self.world_size, -1) for part in torch.split(full_data, self._padded_sizes)]
+            cache = self._targets_cache = (storage, targets)
         return cache[1]
 
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
@@ -165,9 +173,8 @@ class ParamGroup(UnshardedViews):
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
         if output is full:
             return
-        n = self.world_size
-        targets = [part.view(n, -1) for part in torch.split(full, self._padded_sizes)]
-        torch.split_with_sizes_copy(output.view(n, -1), [s.shard_numel for s in self.slots], dim=1, out=targets)
+        torch.split_with_sizes_copy(output.view(self.world_size, -1), self._shard_sizes, dim=1,
+                                    out=self._targets(full))
 
     def views(self) -> list[torch.Tensor]:
         """Each parameter's unsharded tensor: the first d0 rows of its part of `full` (tracked by autograd)."""
