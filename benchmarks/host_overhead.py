@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""Host overhead of fsdp_lab over plain training, this checkout against an earlier commit, in interleaved rounds.
+"""Host overhead of fsdp_lab's front ends over plain training at world size 1, side by side in one process.
 
-    PYTHONPATH=. python3 benchmarks/host_overhead.py --baseline 469fa4b --rounds 40 --steps 10
-    PYTHONPATH=. python3 benchmarks/host_overhead.py --setup fsdp_lab_fully_shard --baseline HEAD
-
-`--setup` picks the front end (a bench setup of fsdp_lab/bench/setups.py: fsdp_lab, fsdp_lab_fully_shard, or
-fsdp2 for torch's); the baseline must have it too.
+    PYTHONPATH=. python3 benchmarks/host_overhead.py                        # both front ends against plain
+    PYTHONPATH=. python3 benchmarks/host_overhead.py --rounds 30 --steps 8
+    PYTHONPATH=. python3 benchmarks/host_overhead.py --baseline 1d4fc31     # and the same at an earlier commit
 
 World size 1 on CPU (gloo), 24 GPT blocks of width 16: compute is negligible, so a step's time is host time
-(Python, hooks, dispatch). Two worker processes stay up for the whole run, one importing the baseline's fsdp_lab
-(`git archive BASELINE fsdp_lab` into a temp dir) and one this checkout's. Each round runs `--steps` steps of
-every (version, setup) pair, the order rotating every round, so machine load hits all four alike. Per round and
-pair the median step time is taken; fsdp_lab's overhead is its median minus plain training's in the same worker.
-Reported: the median over rounds of each version's overhead, and of the per-round ratio new/baseline.
+(Python, hooks, dispatch). What a step is, and each setup, is fsdp_lab/bench/setups.py's (`--setup` picks
+them: fsdp_lab is the FSDP1 wrapper, fsdp_lab_fully_shard the FSDP2 front end, fsdp2 torch's own).
+
+[Note: the host-overhead ratio] One worker process builds every setup and plain training on the same weights and
+batch. A round runs `--steps` cycles of one step of every setup (so the steps compared are neighbours in time,
+the order rotating every cycle); per round and setup the median step time is taken. The ratio of a setup is its
+median divided by plain training's median *in the same round*, so a change of machine load between rounds
+cancels out; reported is the median over rounds of that per-round ratio, with wall time (the bar's measure) and,
+as a cross-check, the thread's CPU time, which other processes on a shared machine disturb less. The bar: at
+most BAR (1.2) for each fsdp_lab front end. With `--baseline REV` a second worker imports fsdp_lab from that
+commit (`git archive`) and runs its rounds alternating with the first's, so "before" and "after" come from one
+run.
 """
 from __future__ import annotations
 
@@ -27,8 +32,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-def worker(setup: str) -> None:
-    """Build both setups, then run `N` steps of the setup named on each stdin line; print the step times."""
+BAR = 1.2
+FRONT_ENDS = ("fsdp_lab", "fsdp_lab_fully_shard")
+
+
+def worker(setups: list[str]) -> None:
+    """Build the setups and plain, then for each stdin line `MODE N` run N steps of MODE and print their wall
+    and thread-CPU times."""
     import torch
     import torch.distributed as dist
 
@@ -40,77 +50,108 @@ def worker(setup: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=24, n_head=2, n_embd=16)
     device = torch.device("cpu")
-    runners = {mode: build_runner(mode, cfg, device, "foreach", 1e-3) for mode in (setup, "plain")}
+    runners = {mode: build_runner(mode, cfg, device, "foreach", 1e-3) for mode in (*setups, "plain")}
     x, y = batch_for_step(cfg, 0, 2, 32)
     for runner in runners.values():
         for _ in range(3):
             runner.step(x, y)
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True, "torch": torch.__version__}), flush=True)
+    modes = list(runners)
     for line in sys.stdin:
-        mode, n = line.split()
-        times = []
-        for _ in range(int(n)):
-            start = time.perf_counter()
-            runners[mode].step(x, y)
-            times.append(time.perf_counter() - start)
+        n = int(line)
+        times = {mode: {"wall": [], "cpu": []} for mode in modes}
+        for i in range(n):  # one step of every setup, then again: neighbours in time, the order rotating
+            for mode in modes[i % len(modes):] + modes[:i % len(modes)]:
+                w0, c0 = time.perf_counter(), time.thread_time()
+                runners[mode].step(x, y)
+                times[mode]["cpu"].append(time.thread_time() - c0)
+                times[mode]["wall"].append(time.perf_counter() - w0)
         print(json.dumps(times), flush=True)
     dist.destroy_process_group()
 
 
-def start(pythonpath: str, setup: str) -> subprocess.Popen:
+def start(pythonpath: str, setups: list[str]) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": pythonpath, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.Popen([sys.executable, __file__, "--worker", "--setup", setup], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, __file__, "--worker", "--setup", *setups], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
-    if json.loads(proc.stdout.readline()).get("ready") is not True:
+    hello = json.loads(proc.stdout.readline() or "{}")
+    if hello.get("ready") is not True:
         raise RuntimeError(f"worker with PYTHONPATH={pythonpath} did not start")
-    return proc
+    return proc, hello["torch"]
 
 
-def ask(proc: subprocess.Popen, mode: str, steps: int) -> float:
-    proc.stdin.write(f"{mode} {steps}\n")
+def ask(proc: subprocess.Popen, steps: int) -> dict:
+    """One round: {mode: {"wall": median, "cpu": median}} over `steps` interleaved steps of every setup."""
+    proc.stdin.write(f"{steps}\n")
     proc.stdin.flush()
-    return statistics.median(json.loads(proc.stdout.readline()))
+    times = json.loads(proc.stdout.readline())
+    return {mode: {k: statistics.median(v) for k, v in t.items()} for mode, t in times.items()}
+
+
+def summarize(per_round: dict, setups: list[str], version: str) -> dict:
+    """per_round[(version, mode)]: one {"wall", "cpu"} median per round."""
+    out = {}
+    plain = per_round[(version, "plain")]
+    out["plain_step_ms"] = round(1e3 * statistics.median(r["wall"] for r in plain), 2)
+    for mode in setups:
+        rows = per_round[(version, mode)]
+        ratio = {k: statistics.median(r[k] / p[k] for r, p in zip(rows, plain)) for k in ("wall", "cpu")}
+        out[mode] = {"step_ms": round(1e3 * statistics.median(r["wall"] for r in rows), 2),
+                     "ratio_vs_plain": round(ratio["wall"], 3), "cpu_ratio_vs_plain": round(ratio["cpu"], 3),
+                     "per_round_ratios": [round(r["wall"] / p["wall"], 3) for r, p in zip(rows, plain)]}
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--baseline", default="469fa4b", help="git revision to compare against (default 469fa4b)")
-    p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--steps", type=int, default=10, help="steps per (version, setup) per round")
-    p.add_argument("--setup", default="fsdp_lab", help="the setup timed against plain (default fsdp_lab)")
+    p.add_argument("--setup", nargs="+", default=list(FRONT_ENDS),
+                   help="setups timed against plain (default: both fsdp_lab front ends)")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--steps", type=int, default=8, help="steps of each setup per round, interleaved")
+    p.add_argument("--baseline", default=None, help="also measure fsdp_lab at this git revision, in the same rounds")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         worker(args.setup)
         return 0
+    if args.rounds < 1 or args.steps < 1:
+        p.error("--rounds and --steps must be positive")
+    started = time.time()
     with tempfile.TemporaryDirectory() as base_dir:
-        archive = subprocess.run(["git", "archive", args.baseline, "fsdp_lab"], cwd=REPO, check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
-        workers = {"baseline": start(base_dir, args.setup), "new": start(str(REPO), args.setup)}
-        pairs = [(v, m) for v in workers for m in (args.setup, "plain")]
-        medians = {pair: [] for pair in pairs}
+        workers = {"new": start(str(REPO), args.setup)}
+        if args.baseline:
+            archive = subprocess.run(["git", "archive", args.baseline, "fsdp_lab"], cwd=REPO, check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", base_dir], input=archive, check=True)
+            workers["baseline"] = start(base_dir, args.setup)
+        versions = list(workers)
+        per_round = {(v, m): [] for v in versions for m in (*args.setup, "plain")}
         try:
             for r in range(args.rounds):
-                order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
-                for version, mode in order:
-                    medians[(version, mode)].append(ask(workers[version], mode, args.steps))
+                for version in versions[r % len(versions):] + versions[:r % len(versions)]:
+                    for mode, medians in ask(workers[version][0], args.steps).items():
+                        per_round[(version, mode)].append(medians)
         finally:
-            for proc in workers.values():
+            for proc, _torch in workers.values():
                 proc.stdin.close()
-                proc.wait(timeout=30)
-    over = {v: [f - p for f, p in zip(medians[(v, args.setup)], medians[(v, "plain")])] for v in workers}
-    vs_plain = [f / p for f, p in zip(medians[("new", args.setup)], medians[("new", "plain")])]
-    ratios = [n / b for n, b in zip(over["new"], over["baseline"]) if b > 0]
-    ms = {f"{v}_{m}_ms": round(1e3 * statistics.median(t), 3) for (v, m), t in medians.items()}
-    result = {"setup": args.setup, "baseline": args.baseline, "rounds": args.rounds, "steps_per_round": args.steps,
-              **ms,
-              "overhead_baseline_ms": round(1e3 * statistics.median(over["baseline"]), 3),
-              "overhead_new_ms": round(1e3 * statistics.median(over["new"]), 3),
-              "ratio_of_median_overheads": round(statistics.median(over["new"])
-                                                 / statistics.median(over["baseline"]), 3),
-              "median_per_round_ratio": round(statistics.median(ratios), 3),
-              "new_step_time_ratio_vs_plain": round(statistics.median(vs_plain), 3)}
+                proc.wait(timeout=60)
+    result = {"what": "step time of each setup / plain training's, world size 1, CPU, 24 blocks x width 16; "
+                      "median over rounds of the per-round ratio ([Note: the host-overhead ratio])",
+              "rounds": args.rounds, "steps_per_round": args.steps, "torch": workers["new"][1],
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+              "load_average_1min": round(os.getloadavg()[0], 2), "bar": BAR,
+              "this_checkout": summarize(per_round, args.setup, "new")}
+    if args.baseline:
+        result["baseline"] = {"revision": args.baseline, **summarize(per_round, args.setup, "baseline")}
+    result["bars"] = {mode: result["this_checkout"][mode]["ratio_vs_plain"] <= BAR
+                      for mode in args.setup if mode in FRONT_ENDS}
+    for mode in args.setup:
+        row = result["this_checkout"][mode]
+        verdict = ("holds" if row["ratio_vs_plain"] <= BAR else "MISSED") if mode in FRONT_ENDS else "no bar"
+        base = f", at {args.baseline}: {result['baseline'][mode]['ratio_vs_plain']:.3f}" if args.baseline else ""
+        print(f"{mode:<22} {row['step_ms']:7.2f} ms  x{row['ratio_vs_plain']:.3f} plain (CPU time "
+              f"x{row['cpu_ratio_vs_plain']:.3f}){base}  bar <= {BAR}: {verdict}", file=sys.stderr)
+    print(f"{'plain':<22} {result['this_checkout']['plain_step_ms']:7.2f} ms", file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -221,9 +221,9 @@ def case_group_reshard(rank, world_size, lib):
 
         with trace.record(model) as tracer:
             loss_of(model, *batch(0, rank, world_size)).backward()
-        out["regathers"] = {e["unit"]: (e["group"], e["bytes_received"]) for e in tracer.events
+        out["regathers"] = {e["unit"]: (e["group_ranks"], e["bytes_received"]) for e in tracer.events
                             if e["event"] == "regather_end"}
-        out["frees"] = {e["unit"]: e.get("group") for e in tracer.events if e["event"] == "free"
+        out["frees"] = {e["unit"]: e.get("group_ranks") for e in tracer.events if e["event"] == "free"
                         and e["phase"] == "forward"}
         opt.zero_grad()
     return out

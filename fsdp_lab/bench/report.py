@@ -15,6 +15,11 @@ import torch
 from fsdp_lab.training.models import GPT, PRESETS, count_params
 
 FLOPS_FORMULA = "tokens * (6 * params + 12 * n_layer * n_embd * seq_len), per rank and step"
+RATIO_DEFINITION = ("median over rounds of (ours / theirs), each a round's median step of the slowest rank "
+                    "([Note: step-time ratios] in fsdp_lab/bench/run.py)")
+# Issue 18's bars for the CPU bench (2 gloo ranks, tiny): result key -> the most it may be.
+BARS = {"step_time_ratio_vs_fsdp2": 0.8, "fully_shard_step_time_ratio_vs_fsdp2": 0.8}
+BAR_SETTING = {"device": "cpu", "world_size": 2, "preset": "tiny"}
 MEMORY_METRIC = {
     "cuda": "torch.cuda.max_memory_allocated() over the memory steps of one setup built alone (peak stats reset "
             "after building it); max over ranks",
@@ -42,7 +47,8 @@ def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
                "state_bytes": ranks[0].get("state_bytes")}
         if not cfg.memory_only:
             median = max(statistics.median(r["step_times_s"]) for r in ranks)
-            row.update(median_step_s=median, min_step_s=min(ranks[0]["step_times_s"]),
+            rounds = [max(r["round_medians_s"][i] for r in ranks) for i in range(len(ranks[0]["round_medians_s"]))]
+            row.update(median_step_s=median, round_medians_s=rounds, min_step_s=min(ranks[0]["step_times_s"]),
                        max_step_s=max(ranks[0]["step_times_s"]), steps_timed=len(ranks[0]["step_times_s"]),
                        tokens_per_s=tokens_rank * len(per_rank) / median, tflops_per_s=flops_rank / median / 1e12,
                        final_loss=ranks[0].get("final_loss"))
@@ -51,6 +57,9 @@ def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
     def ratio(key, other, ours="fsdp_lab"):
         if key not in results.get(ours, {}) or key not in results.get(other, {}):
             return None
+        if key == "median_step_s":  # paired by round ([Note: step-time ratios])
+            return statistics.median(a / b for a, b in zip(results[ours]["round_medians_s"],
+                                                           results[other]["round_medians_s"]))
         return results[ours][key] / results[other][key]
 
     config = {**dataclasses.asdict(cfg), "modes": list(cfg.modes), "backend": cfg.resolved_backend,
@@ -66,7 +75,12 @@ def summarize(cfg, per_rank: list[dict], wall_s: float, env: dict) -> dict:
            "fully_shard_step_time_ratio_vs_fsdp2": ratio("median_step_s", "fsdp2", "fsdp_lab_fully_shard"),
            "fully_shard_step_time_ratio_vs_plain": ratio("median_step_s", "plain", "fsdp_lab_fully_shard"),
            "fully_shard_peak_memory_ratio_vs_fsdp2": ratio("peak_memory_bytes", "fsdp2", "fsdp_lab_fully_shard"),
-           "wall_s": wall_s}
+           "step_time_ratio_definition": RATIO_DEFINITION, "wall_s": wall_s}
+    measured_where = {"device": cfg.device, "world_size": cfg.nproc, "preset": cfg.preset}
+    out["bars"] = {key: {"ratio": out[key], "at_most": limit,
+                         "holds": None if out[key] is None else out[key] <= limit,
+                         "setting": BAR_SETTING, "measured_in_that_setting": measured_where == BAR_SETTING}
+                   for key, limit in BARS.items()}
     trace = per_rank[0].get("trace")
     if trace is not None:
         out["trace"] = trace
@@ -104,6 +118,13 @@ def format_table(result: dict) -> str:
                 "fully_shard_step_time_ratio_vs_fsdp2", "fully_shard_step_time_ratio_vs_plain"):
         if result.get(key) is not None:
             lines.append(f"{key}: {result[key]:.3f}")
+    for key, bar in result.get("bars", {}).items():
+        if bar["ratio"] is None:
+            continue
+        verdict = "holds" if bar["holds"] else "MISSED"
+        where = "" if bar["measured_in_that_setting"] else " (the bar is set for cpu, 2 ranks, tiny: not this run)"
+        lines.append(f"bar {key} <= {bar['at_most']}: {bar['ratio']:.3f} {verdict}{where}")
+    lines.append(f"ratios: {result.get('step_time_ratio_definition', '')}")
     lines.append(f"memory: {result['memory_metric']}")
     lines.append(f"FLOPs: {result['flops_formula']}")
     if "trace" in result:

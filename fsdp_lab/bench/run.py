@@ -1,9 +1,15 @@
 """`fsdp-lab bench`: fsdp_lab against torch FSDP2 and plain single-device training, on the same GPT and batches.
 
-One run builds the three setups of fsdp_lab.bench.setups on every rank and times them round-robin after a
-warm-up: each round runs a few steps of each setup, the order rotating from round to round, so clock or thermal
-drift hits all three alike. Reported per setup: the median step time (the slowest rank's), tokens/s, TFLOP/s and
-peak memory; the last line of the command's output is one JSON object (see `summarize`).
+One run builds the setups of fsdp_lab.bench.setups on every rank and times them round-robin after a warm-up:
+each round runs a few steps of each setup, the order rotating from round to round, so clock or thermal drift and
+the load of a shared machine hit all setups alike. Reported per setup: the median step time (the slowest rank's),
+tokens/s, TFLOP/s and peak memory; the last line of the command's output is one JSON object (see `summarize`).
+
+[Note: step-time ratios] A ratio compares two setups *within each round*: per round, each setup's median step
+(the slowest rank's), then ours / theirs; the reported ratio is the median of those per-round ratios. The
+setups of one round run seconds apart, so a change of load between rounds (other jobs on a 2-core machine)
+cancels out, where a ratio of two overall medians would carry it. The bars of issue 18 (fsdp_lab.bench.report.
+BARS) are checked on these ratios and printed with them.
 
 [Note: what is measured]
 - Step: forward + backward + AdamW step + zero_grad(set_to_none). CUDA: time between CUDA events recorded after
@@ -20,6 +26,7 @@ peak memory; the last line of the command's output is one JSON object (see `summ
 from __future__ import annotations
 
 import gc
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -41,9 +48,9 @@ class BenchConfig:
     backend: str = "auto"  # auto: nccl on CUDA with one rank per GPU, gloo otherwise
     batch: int = 8  # sequences per rank
     seq_len: Optional[int] = None  # default: the preset's block size
-    warmup: int = 3
-    rounds: int = 5
-    steps_per_round: int = 5
+    warmup: int = 5
+    rounds: int = 15
+    steps_per_round: int = 4
     memory_steps: int = 3
     optimizer: Optional[str] = None  # default: fused on CUDA, foreach on CPU (the same for all setups)
     lr: float = 3e-4
@@ -204,6 +211,7 @@ def bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
                 times, loss = _timed_steps(runners[mode], batches, cfg.warmup + r * cfg.steps_per_round,
                                            cfg.steps_per_round, device)
                 result[mode].setdefault("step_times_s", []).extend(times)
+                result[mode].setdefault("round_medians_s", []).append(statistics.median(times))
                 result[mode]["final_loss"] = float(loss)
     if cfg.trace and "fsdp_lab" in runners:
         from fsdp_lab.bench.profile import record_step_trace

@@ -1,7 +1,8 @@
 """The four ways `fsdp-lab bench` trains the same GPT, each behind the same small interface.
 
     fsdp_lab              fsdp_lab.FSDP, one unit per Block plus the root, bf16 compute, fp32 masters and
-                          reduction, forward prefetch and BACKWARD_PRE
+                          reduction, and otherwise torch FSDP1's defaults (BACKWARD_PRE, limit_all_gathers,
+                          no forward prefetch)
     fsdp_lab_fully_shard  fsdp_lab.fully_shard, applied as fsdp2 is (the same script with fsdp_lab's import)
     fsdp2                 torch's fully_shard on each Block, then on the root, MixedPrecisionPolicy(bf16, fp32)
     plain                 the whole model on one device, fp32 weights, torch.autocast(bf16): no sharding, no
@@ -90,12 +91,11 @@ def build_runner(mode: str, cfg: GPTConfig, device: torch.device, optimizer: str
         model = build_gpt(cfg, seed=seed)
     bf16 = torch.bfloat16
     if mode == "fsdp_lab":
-        from fsdp_lab.runtime import FSDP, BackwardPrefetch, MixedPrecision
+        from fsdp_lab.runtime import FSDP, MixedPrecision
         from fsdp_lab.runtime.wrap import ModuleWrapPolicy
 
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
-                     mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=torch.float32),
-                     forward_prefetch=True, backward_prefetch=BackwardPrefetch.BACKWARD_PRE)
+                     mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=torch.float32))
         return Runner(mode, model, torch.optim.AdamW(model.parameters(), **opt_kwargs))
     if mode in ("fsdp2", "fsdp_lab_fully_shard"):
         if mode == "fsdp2":

@@ -35,9 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seq-len", type=positive_int, default=None,
                    help="tokens per sequence (default: the preset's block)")
     p.add_argument("--warmup", type=number(int, 2, "an integer >= 2 (optimizer state exists from the second step)"),
-                   default=3, help="untimed steps per setup before the rounds")
-    p.add_argument("--rounds", type=positive_int, default=5, help="timed rounds, each setup once per round")
-    p.add_argument("--steps-per-round", type=positive_int, default=5, help="timed steps of a setup per round")
+                   default=5, help="untimed steps per setup before the rounds")
+    p.add_argument("--rounds", type=positive_int, default=15, help="timed rounds, each setup once per round")
+    p.add_argument("--steps-per-round", type=positive_int, default=4, help="timed steps of a setup per round")
     p.add_argument("--memory-steps", type=positive_int, default=3,
                    help="CUDA: steps of each setup alone for its peak")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default=None,

@@ -5,7 +5,8 @@ Off by default: a model without a tracer pays one `is None` check per event. Swi
 wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front ends emit the same events.
 
 Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}; an event
-that issued collectives also has "group" ("shard" or "replicate") and "group_ranks" (that group's global ranks).
+that issued collectives also has "group" ("shard", "replicate", or "post_forward": the sub-group an integer
+reshard_after_forward re-gathers in) and "group_ranks" (that group's global ranks).
 "mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.memory) and, on CUDA, "cuda_allocated" and
 "cuda_reserved" from the caching allocator.
 """

@@ -81,14 +81,17 @@ def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
                     unit: str = "", group: tuple = ("shard", ())) -> Collective:
-    """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`. `unit` names
-    the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the trace."""
+    """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`, except at
+    world size 1, where it may be `output`'s memory itself (a layout that packed it there): then nothing moves.
+    `unit` names the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the
+    trace."""
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
     call = Collective("all_gather", output.numel(), output.dtype, world_size, *group)
     if world_size == 1:
-        output.copy_(shard)  # copy_ casts as it copies
+        if shard.data_ptr() != output.data_ptr() or shard.dtype != output.dtype:
+            output.copy_(shard)  # copy_ casts as it copies
     else:
         _issue(call, unit, _all_gather, output, shard if shard.dtype == output.dtype else shard.to(output.dtype),
                group=pg)

@@ -21,11 +21,10 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils._pytree import tree_map
 
 from fsdp_lab.runtime.fsdp_module import FSDPModule
 from fsdp_lab.runtime.hybrid import hybrid_state, mesh_groups, shard_coordinate
-from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
+from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
 from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
 from fsdp_lab.runtime.param_group import ParamGroup
 from fsdp_lab.runtime.post_forward import check_group_size, make_post_forward_groups
@@ -96,7 +95,7 @@ class FullyShardState:
             drop_abandoned_backward(self.ctx, self.units)
         policy = self.mp_policy
         if policy.param_dtype is not None and policy.cast_forward_inputs:
-            args, kwargs = _cast_floats((args, kwargs), policy.param_dtype)
+            args, kwargs = cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
         marked = self.unit.pre_forward(module, args, kwargs)
         return marked if marked is not None else (args, kwargs)
 
@@ -105,7 +104,7 @@ class FullyShardState:
         if self.root is self and self.ctx.forward_order:
             self.ctx.order_frozen = True
         if self.mp_policy.output_dtype is not None:
-            output = _cast_floats(output, self.mp_policy.output_dtype)
+            output = cast_floating(output, self.mp_policy.output_dtype)
         return output
 
     def _on_backward_start(self) -> None:
@@ -117,15 +116,6 @@ class FullyShardState:
 
 def _states_below(module: nn.Module) -> list[FullyShardState]:
     return [m._fsdp_lab_state for m in module.modules() if isinstance(m, FSDPModule)]
-
-
-def _cast_floats(tree, dtype: torch.dtype):
-    def cast(t):
-        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype:
-            return t.to(dtype)
-        return t
-
-    return tree_map(cast, tree)
 
 
 # -- fully_shard -----------------------------------------------------------------------------------------------

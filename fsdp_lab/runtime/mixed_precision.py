@@ -77,9 +77,26 @@ def coerce_mixed_precision(policy, module) -> Optional[MixedPrecision]:
 
 def cast_inputs(dtype: torch.dtype, _module, args, kwargs):
     """MixedPrecision's input cast: every floating tensor in args and kwargs to `dtype` (a forward pre-hook)."""
+    return cast_floating(args, dtype), cast_floating(kwargs, dtype)
+
+
+_PLAIN_LEAVES = (torch.Tensor, int, float, bool, str, type(None))
+
+
+def cast_floating(tree, dtype: torch.dtype):
+    """`tree` with every floating tensor in it cast to `dtype` (one already in `dtype` is returned as is). A hook
+    runs this on every module's inputs or outputs every step, so the usual shapes (one tensor, a flat tuple, no
+    kwargs) skip pytree's walk; anything else goes through tree_map."""
     def cast(t):
-        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-    return tree_map(cast, args), tree_map(cast, kwargs)
+        return t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != dtype else t
+
+    if isinstance(tree, torch.Tensor):
+        return cast(tree)
+    if type(tree) is dict and not tree:
+        return tree
+    if type(tree) is tuple and all(isinstance(a, _PLAIN_LEAVES) for a in tree):
+        return tuple(cast(a) for a in tree)
+    return tree_map(cast, tree)
 
 
 @dataclass(frozen=True)

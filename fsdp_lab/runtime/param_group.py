@@ -117,6 +117,9 @@ class ParamGroup(UnshardedViews):
                 self._send_sizes.append(held)
             if s.shard_numel > held:
                 self._send_sizes.append(s.shard_numel - held)
+        self._local_shapes = [(s.local_rows, *s.shape[1:]) for s in slots]
+        self._shard_sizes = [s.shard_numel for s in slots]
+        self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
         self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
         self.full.requires_grad_(requires_grad)
@@ -132,15 +135,49 @@ class ParamGroup(UnshardedViews):
 
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
-        """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
+        """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements. At world
+        size 1 the send buffer is `full` itself (the all-gather then has nothing to copy)."""
         self._retie()
-        send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
-        # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
-        # per gather, and no gradient flows through a copy-in.
-        src = [slot.registered()._local_tensor.reshape(-1) for slot in self._held]
-        parts = torch.split(send, self._send_sizes)
-        torch._foreach_copy_([parts[i] for i in self._send_picks], src)
+        if self.world_size == 1:
+            send = self.full.data
+            targets = self._targets(send)
+        else:
+            send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
+            parts = torch.split(send, self._send_sizes)
+            targets = [parts[i] for i in self._send_picks]
+        torch._foreach_copy_(targets, self._sources())
         return send
+
+    # [Note: copy-in without per-step views] A gather runs twice per step per group, so what copy-in reads and
+    # writes is kept rather than cut again each time: the flattened local tensors of the held parameters (made
+    # again when a registered parameter, its local tensor or that tensor's storage is replaced: to_empty,
+    # load_state_dict(assign=True), `.data =`), and the per-parameter pieces of `full` the gather writes (copy-in's
+    # at world size 1, copy-out's otherwise). Those are cut from `full.data`, which autograd does not track, and
+    # stay valid across frees: the same storage is resized to 0 and back in place.
+    # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
+    def _sources(self) -> list[torch.Tensor]:
+        tensors = [slot.registered()._local_tensor for slot in self._held]
+        cache = self._sources_cache
+        if cache is not None and all(t is c and t.data_ptr() == f.data_ptr()
+                                     for t, c, f in zip(tensors, cache[0], cache[1])):
+            return cache[1]
+        flat = [t.reshape(-1) for t in tensors]
+        self._sources_cache = (tensors, flat) if all(t.is_contiguous() for t in tensors) else None
+        return flat
+
+    def _targets(self, full_data: torch.Tensor) -> list[torch.Tensor]:
+        """Where the gather writes into `full`: copy-in's pieces at world size 1, else copy-out's (N, c_i * row)
+        block per parameter."""
+        storage = full_data.untyped_storage()._cdata
+        cache = self._targets_cache
+        if cache is None or cache[0] != storage:
+            if self.world_size == 1:
+                parts = torch.split(full_data, self._send_sizes)
+                targets = [parts[i] for i in self._send_picks]
+            else:
+                targets = [part.view(self.world_size, -1) for part in torch.split(full_data, self._padded_sizes)]
+            cache = self._targets_cache = (storage, targets)
+        return cache[1]
 
     def _retie(self) -> None:
         """A load_state_dict(assign=True) assigns each name of a tied weight its own new parameter (torch's
@@ -158,8 +195,10 @@ class ParamGroup(UnshardedViews):
 
     def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
-        if output is not full:
-            self._blocks_to_full(output, full, self.world_size)
+        if output is full:
+            return
+        torch.split_with_sizes_copy(output.view(self.world_size, -1), self._shard_sizes, dim=1,
+                                    out=self._targets(full))
 
     def _blocks_to_full(self, output: torch.Tensor, full: torch.Tensor, n: int) -> None:
         """`output` holds n equal blocks, block j being the j-th 1/n of every parameter's padded rows end to end;
@@ -178,7 +217,7 @@ class ParamGroup(UnshardedViews):
         group, then the copy-out."""
         send, self.post_forward_shard = self.post_forward_shard, None
         output = torch.empty(group.size * send.numel(), dtype=send.dtype, device=send.device)
-        call = all_gather_flat(output, send, group.pg, group.size, self.unit_name)
+        call = all_gather_flat(output, send, group.pg, group.size, self.unit_name, ("post_forward", group.ranks))
         self._blocks_to_full(output, full, group.size)
         return call
 
@@ -211,12 +250,16 @@ class ParamGroup(UnshardedViews):
         gradient already there)."""
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
-        for slot, piece in zip(self.slots, torch.split(out, [s.shard_numel for s in self.slots])):
-            local = piece[:slot.local_rows * slot.row_numel].view(slot.local_rows, *slot.shape[1:])
+        parts = torch.split(out, self._send_sizes)  # the send buffer's layout: (held rows, padding) per parameter
+        held = iter(self._send_picks)
+        for slot, shape in zip(self.slots, self._local_shapes):
+            local = parts[next(held)].view(shape) if slot.local_rows else out[:0].view(shape)
             param = slot.registered()
-            if param.grad is None:
+            grad = param.grad
+            if grad is None:
                 # DTensor's own constructor with the parameter's spec: from_local would redo the checks and
-                # build an autograd node for every parameter of every step.
-                param.grad = DTensor(local, slot.spec, requires_grad=False)
+                # build an autograd node for every parameter of every step. __new__ alone: DTensor.__init__ only
+                # serves torch.export, and costs more than the construction itself.
+                param.grad = DTensor.__new__(DTensor, local, slot.spec, requires_grad=False)
             else:
-                param.grad._local_tensor.add_(local)
+                grad._local_tensor.add_(local)

@@ -80,11 +80,14 @@ from fsdp_lab.runtime.collectives import Collective, all_gather_flat, all_reduce
 from fsdp_lab.runtime.strategy import ShardingStrategy
 
 
+_NOTHING = contextlib.nullcontext()  # stateless and reentrant: one serves every block that needs no context
+
+
 def label(name: str):
     """A profiler range (visible in torch.profiler / Perfetto traces), free when no profiler is running."""
     if _autograd_profiler._is_profiler_enabled:
         return torch.profiler.record_function(name)
-    return contextlib.nullcontext()
+    return _NOTHING
 
 
 class CommStreams:
@@ -125,18 +128,16 @@ class CommStreams:
         with self.cuda.stream(compute):
             yield
 
-    @contextlib.contextmanager
     def side(self, name: str):
         """Run the block on the 'gather' or 'reduce' stream. The reduce stream first waits for the compute
-        queued so far; the gather stream does not ([Note: three streams])."""
+        queued so far; the gather stream does not ([Note: three streams]). On CPU: no context at all (this runs
+        twice per unit per step)."""
         if not self.enabled:
-            yield
-            return
+            return _NOTHING
         stream = self.gather if name == "gather" else self.reduce
         if stream is self.reduce:
             stream.wait_stream(self.compute_stream())
-        with self.cuda.stream(stream):
-            yield
+        return self.cuda.stream(stream)
 
     def record(self, name: str):
         """An event at the current end of the 'gather', 'reduce' or 'compute' stream's queue (None on CPU)."""

@@ -133,7 +133,7 @@ class Unit:
         group, self._held_group = self._held_group, None  # set: re-gather within it, from the kept shards
         self._transition("gather")
         event = "regather" if phase == "backward" else "gather"
-        extra = {} if group is None else {"group": list(group.ranks)}
+        extra = {} if group is None else {"group": "post_forward", "group_ranks": list(group.ranks)}
         self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait, **extra)
         calls = []
         with label(f"fsdp_lab::{event} {self.name}"):
@@ -193,7 +193,7 @@ class Unit:
         self.ctx.frees.push(self.flats)
         self._held_group = group
         self._transition("reshard_to_group")
-        self.ctx.emit("free", self.name, "forward", group=list(group.ranks))
+        self.ctx.emit("free", self.name, "forward", group="post_forward", group_ranks=list(group.ranks))
 
     # -- forward -------------------------------------------------------------------------------------------
     def pre_forward(self, module, args, kwargs):
@@ -235,7 +235,7 @@ class Unit:
         self.ctx.record_post_forward(self)
         hooked = False
         if torch.is_grad_enabled():
-            for t in tree_flatten(output)[0]:
+            for t in (output,) if isinstance(output, torch.Tensor) else tree_flatten(output)[0]:
                 if isinstance(t, torch.Tensor) and t.requires_grad:
                     t.register_hook(self._pre_backward_hook)
                     hooked = True
