@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from ranks_features import message_of
 from torch import nn
-from torch.distributed.fsdp import CPUOffload, FullOptimStateDictConfig
+from torch.distributed.fsdp import FullOptimStateDictConfig
 
 from fsdp_lab import FSDP, MixedPrecision, StateDictType
 
@@ -32,7 +32,6 @@ def _under(state_dict_type, config=None, optim_config=None):
 
 
 REFUSED = {
-    "FSDP.cpu_offload": lambda: FSDP(_net(), cpu_offload=CPUOffload(offload_params=True)),
     "FSDP.ignored_modules": lambda: FSDP(_net(), ignored_modules=[nn.Linear(1, 1)]),
     "FSDP.ignored_states": lambda: FSDP(_net(), ignored_states=[nn.Parameter(torch.ones(1))]),
     "FSDP.device_mesh": lambda: FSDP(_net(), device_mesh=_device_mesh()),

@@ -23,6 +23,7 @@ from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_mo
 from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
                                               reduce_dtype)
 from fsdp_lab.runtime.nesting import take_over_nested
+from fsdp_lab.runtime.offload import fsdp1_placement
 from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                           refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
@@ -42,8 +43,9 @@ class FSDP(nn.Module):
     """Fully sharded data parallel wrapper (ZeRO-3 by default). See DESIGN.md §2–3 and notebooks 02–06.
 
     torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
-    torch, only for modules on the meta device, which are refused (device.py); cpu_offload with
-    offload_params=True, ignored_modules, ignored_states and device_mesh raise a ValueError naming them. Unknown
+    torch, only for modules on the meta device, which are refused (device.py); cpu_offload keeps shards, gradients
+    and optimizer state on the host (offload.py); ignored_modules, ignored_states and device_mesh raise a
+    ValueError naming them. Unknown
     attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
@@ -53,8 +55,6 @@ class FSDP(nn.Module):
                  limit_all_gathers: bool = True, use_orig_params: bool = False, ignored_states=None,
                  device_mesh=None):
         super().__init__()
-        if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
-            raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
         for option, value in (("ignored_modules", ignored_modules), ("ignored_states", ignored_states),
                               ("device_mesh", device_mesh)):
             if value is not None:
@@ -70,11 +70,16 @@ class FSDP(nn.Module):
         self._settings = {"process_group": tuple(dist.get_process_group_ranks(pg)), "sharding_strategy": strategy,
                           "mixed_precision": mixed_precision, "backward_prefetch": prefetch,
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
-                          "use_orig_params": bool(use_orig_params)}
+                          "use_orig_params": bool(use_orig_params),
+                          "cpu_offload": bool(getattr(cpu_offload, "offload_params", False))}
         self._nested_into = None  # the outer FSDP, once one has taken this one's units over
         nested_units = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
+        self._placement = fsdp1_placement(cpu_offload, device)  # [Note: host and device] in offload.py
+        if self._placement.offloaded and strategy is ShardingStrategy.ZERO1:
+            raise ValueError("FSDP options cpu_offload=CPUOffload(offload_params=True) and sharding_strategy=ZERO1 "
+                             "cannot be combined: ZeRO-1 keeps a replica on the device, which offload would not free")
         masters = {p.dtype for p in module.parameters()}
         if masters - {torch.float32}:
             raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
@@ -119,7 +124,8 @@ class FSDP(nn.Module):
                 flats.append(FlatParam(
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
-                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype))
+                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype,
+                    placement=self._placement))
             for param, aliases in info.trainable + info.frozen:  # the flat shards replace them
                 mark_replaced(param, aliases[0][2])  # [Note: traps that train nothing] in misuse.py
                 for owner, attr, _q in aliases:

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 
 from fsdp_lab.runtime.fsdp_module import FSDPModule
 from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, coerce_mp_policy
-from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
+from fsdp_lab.runtime.offload import OffloadPolicy, fsdp2_placement
 from fsdp_lab.runtime.param_group import ParamGroup
 from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.state import FSDPState
@@ -133,10 +133,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     for option, value in (("shard_placement_fn", shard_placement_fn), ("dp_mesh_dims", dp_mesh_dims)):
         if value is not None:
             raise ValueError(f"fully_shard option {option}={value!r} is not supported by fsdp_lab")
-    check_offload_policy(offload_policy)
     mp_policy = coerce_mp_policy(mp_policy)
     mesh = _check_mesh(mesh)
     device = _mesh_device(mesh)
+    placement = fsdp2_placement(offload_policy, device)  # [Note: host and device] in offload.py
     after_forward = _check_reshard_after_forward(reshard_after_forward, mesh.size())
     ignored = {id(p) for p in (ignored_params or ())}
     trainable, frozen, originals = _collect_params(module, ignored)
@@ -151,7 +151,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         compute = mp_policy.param_dtype or _master_dtype(entries, type(module).__name__)
         layouts.append(ParamGroup(type(module).__name__, entries, mesh, requires_grad=requires_grad,
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
-                                  device=device))
+                                  device=device, placement=placement))
     unit = Unit(type(module).__name__, module, layouts, ctx=None, is_root=False)
     unit.reshard_after_forward = True if after_forward is None else after_forward
     state = FullyShardState(module, unit, mesh, device, mp_policy, after_forward is None, originals)

@@ -25,12 +25,17 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
     ctx = model._ctx
     norm_type = float(norm_type)
     grads = [p.grad.detach() for p in model.parameters() if p.grad is not None]
-    total = _local_norm_term(grads, norm_type, ctx.device)
+    # Offloaded gradients are on the host: their local term is reduced on the device and the total returned on the
+    # host, as torch FSDP1 does (fsdp_lab/runtime/offload.py).
+    offloaded = model._placement.offloaded
+    total = _local_norm_term(grads, norm_type, ctx.device).to(ctx.device)
     if ctx.strategy is not ShardingStrategy.NO_SHARD:
         op = dist.ReduceOp.MAX if norm_type == float("inf") else dist.ReduceOp.SUM
         dist.all_reduce(total, op=op, group=ctx.pg)
     if norm_type != float("inf"):
         total = total ** (1.0 / norm_type)
+    if offloaded:
+        total = total.cpu()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     by_dtype: dict = {}
     for g in grads:

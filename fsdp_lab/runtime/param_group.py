@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from fsdp_lab.runtime.layout import UnshardedViews
+from fsdp_lab.runtime.offload import Home, Placement
 
 
 @dataclass(frozen=True)
@@ -64,13 +65,16 @@ class ShardedParam:
         return module._parameters[attr]
 
 
-def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, device: torch.device) -> nn.Parameter:
-    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is)."""
+def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement) -> nn.Parameter:
+    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
+    its placement's home ([Note: host and device] in fsdp_lab/runtime/offload.py)."""
     rows = math.ceil(param.shape[0] / world_size)
     start = min(rank * rows, param.shape[0])
     local = param.detach()[start:start + rows]
-    if local.device.type != "meta":
-        local = local.to(device).clone()  # its own storage: the unsharded original can be freed
+    if local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
+        local = placement.to_home(local, pin=True)
+    elif local.device.type != "meta":
+        local = local.to(placement.compute_device).clone()
     dtensor = DTensor.from_local(local, mesh, (Shard(0),), run_check=False, shape=param.shape,
                                  stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
@@ -80,8 +84,10 @@ class ParamGroup(UnshardedViews):
     """The DTensor shards of one fully_shard group (of one requires_grad kind) and its unsharded buffer."""
 
     def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
-                 reduce_dtype: torch.dtype, device: torch.device):
+                 reduce_dtype: torch.dtype, device: torch.device, placement: Placement | None = None):
         self.unit_name, self.requires_grad = unit_name, requires_grad
+        self.placement = placement or Placement(Home.DEVICE, device)
+        self.compute_device = device
         self.world_size, self.rank = mesh.size(), mesh.get_local_rank()
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
         self.shard, self.orig_params, self.persistent_full = None, None, False
@@ -91,7 +97,7 @@ class ParamGroup(UnshardedViews):
             if param.dim() == 0:
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
-            sharded = shard_parameter(param, mesh, self.rank, n, device)
+            sharded = shard_parameter(param, mesh, self.rank, n, self.placement)
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
             rows = math.ceil(param.shape[0] / n)
@@ -119,7 +125,8 @@ class ParamGroup(UnshardedViews):
 
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
-        """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements."""
+        """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements on the compute
+        device (offloaded blocks are copied there from the host by the same foreach copy)."""
         send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
         # The DTensor's local tensor read directly: to_local() is an autograd op, too slow to run per parameter
         # per gather, and no gradient flows through a copy-in.
@@ -167,6 +174,8 @@ class ParamGroup(UnshardedViews):
     def store_shard_grad(self, out: torch.Tensor) -> None:
         """Cut this rank's reduced S elements into one DTensor gradient per parameter (views, added to a
         gradient already there)."""
+        if self.placement.offloaded:  # [Note: host and device] in fsdp_lab/runtime/offload.py
+            out = self.placement.to_home(out)
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
         for slot, piece in zip(self.slots, torch.split(out, [s.shard_numel for s in self.slots])):
