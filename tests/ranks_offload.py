@@ -40,7 +40,7 @@ def loss_of(model, idx, y):
     return nn.functional.cross_entropy(model(idx).float().reshape(-1, VOCAB), y.reshape(-1))
 
 
-def wrap_fsdp1(lib: str, offload: bool, options: dict):
+def wrap_fsdp1(lib: str, offload: bool, options: dict, seed: int = 0):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     if lib == "torch":
@@ -51,7 +51,7 @@ def wrap_fsdp1(lib: str, offload: bool, options: dict):
         from fsdp_lab import FSDP, MixedPrecision
     if options.pop("bf16", False):
         options["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     return FSDP(LM(), cpu_offload=CPUOffload(offload_params=offload), auto_wrap_policy=ModuleWrapPolicy({Block}),
                 **options)
 

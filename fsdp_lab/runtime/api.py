@@ -24,6 +24,7 @@ from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerc
                                               reduce_dtype)
 from fsdp_lab.runtime.nesting import take_over_nested
 from fsdp_lab.runtime.offload import fsdp1_placement
+from fsdp_lab.runtime import optim_state_dict as optim_state
 from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                           refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
@@ -305,6 +306,30 @@ class FSDP(nn.Module):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Collective: load a plain module's state dict (as `state_dict()` gives it) on every rank."""
         return load_full_state_dict(self, state_dict, strict, assign)
+
+    @staticmethod
+    def optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict=None,
+                         group=None) -> dict:
+        """Collective: `optim`'s state keyed by original parameter names, full or sharded as state_dict_type says
+        ([Note: optimizer state by original name] in optim_state_dict.py)."""
+        return optim_state.optim_state_dict(FSDP._one_root(model, "optim_state_dict"), optim, optim_state_dict,
+                                            group)
+
+    @staticmethod
+    def optim_state_dict_to_load(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict,
+                                 is_named_optimizer: bool = False, load_directly: bool = False, group=None) -> dict:
+        """Collective: what `optim.load_state_dict` takes on this rank, from an FSDP.optim_state_dict dict saved on
+        any number of ranks."""
+        return optim_state.optim_state_dict_to_load(FSDP._one_root(model, "optim_state_dict_to_load"), optim,
+                                                    optim_state_dict, is_named_optimizer, load_directly, group)
+
+    @staticmethod
+    def _one_root(module: nn.Module, what: str) -> "FSDP":
+        roots = [module] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
+        if len(roots) != 1:
+            raise ValueError(f"FSDP.{what}: {type(module).__name__} holds {len(roots)} root fsdp_lab.FSDP models; "
+                             f"pass the one the optimizer trains")
+        return roots[0]
 
     @staticmethod
     def set_state_dict_type(module: nn.Module, state_dict_type, state_dict_config=None,
