@@ -480,8 +480,8 @@ def wrap_errors(rank, world_size):
     capture("local_state_dict", lambda: state_dict_under("LOCAL_STATE_DICT"))
     capture("sharded_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT,
                                                        ShardedStateDictConfig()))
-    capture("optim_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT, None,
-                                                     FullOptimStateDictConfig()))
+    capture("optim_config", lambda: state_dict_under(TorchStateDictType.SHARDED_STATE_DICT, None,
+                                                     FullOptimStateDictConfig()))  # a FULL config with SHARDED
     capture("assign", lambda: FSDP(LoopNet()).load_state_dict(LoopNet().state_dict(), assign=True))
     capture("no_fsdp_inside", lambda: FSDP.set_state_dict_type(LoopNet(), "FULL_STATE_DICT"))
     return messages

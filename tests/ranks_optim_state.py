@@ -56,6 +56,13 @@ class _nothing:
         return False
 
 
+def resume_all(rank, world_size, phase: str, kinds: tuple, folder: str, options: dict) -> dict:
+    """resume() for each kind in one process (each with its own model); "straight" once."""
+    if phase == "straight":
+        return resume(rank, world_size, phase, None, folder, options)
+    return {kind: resume(rank, world_size, phase, kind, folder, options) for kind in kinds}
+
+
 def resume(rank, world_size, phase: str, kind: str, folder: str, options: dict, steps: int = 4) -> dict:
     """phase "straight": `steps` steps. "save": steps//2, then save model and optimizer under `kind` (FULL: rank 0
     writes one torch.save file; SHARDED: torch.distributed.checkpoint). "load": a fresh model with other weights

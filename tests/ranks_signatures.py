@@ -40,7 +40,7 @@ REFUSED = {
         nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)),
     "summon_full_params.rank0_only": lambda: FSDP.summon_full_params(FSDP(_net()), rank0_only=True).__enter__(),
     "state_dict_type.LOCAL_STATE_DICT": lambda: _under(StateDictType.LOCAL_STATE_DICT),
-    "state_dict_type.optim_state_dict_config": lambda: _under(StateDictType.FULL_STATE_DICT, None,
+    "state_dict_type.optim_state_dict_config": lambda: _under(StateDictType.SHARDED_STATE_DICT, None,
                                                               FullOptimStateDictConfig()),
     "load_state_dict.assign": lambda: FSDP(_net()).load_state_dict(_net().state_dict(), assign=True),
 }

@@ -10,7 +10,7 @@ import functools
 
 import pytest
 import torch
-from ranks_optim_state import against_torch, dcp_get_state_dict, resume
+from ranks_optim_state import against_torch, dcp_get_state_dict, resume_all
 
 from fsdp_lab.training.launch import run_on_ranks
 
@@ -56,30 +56,36 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 @functools.cache
-def resumed(kind: str, case: str, load_world: int) -> dict:
+def resumed(case: str) -> dict:
+    """The run that never stops, the one saved after 2 steps (each kind), and its continuations loaded on 2 ranks
+    (and, for the flat case, on 4)."""
     import tempfile
 
+    kinds = ("full", "sharded") if case == "flat" else ("full",)
     with tempfile.TemporaryDirectory() as folder:
-        straight = run_on_ranks(resume, 2, "straight", kind, folder, OPTIONS[case], timeout_s=300)[0]
-        saved = run_on_ranks(resume, 2, "save", kind, folder, OPTIONS[case], timeout_s=300)
-        loaded = run_on_ranks(resume, load_world, "load", kind, folder, OPTIONS[case], timeout_s=300)
+        straight = run_on_ranks(resume_all, 2, "straight", kinds, folder, OPTIONS[case], timeout_s=300)[0]
+        saved = run_on_ranks(resume_all, 2, "save", kinds, folder, OPTIONS[case], timeout_s=300)
+        loaded = {n: run_on_ranks(resume_all, n, "load", kinds, folder, OPTIONS[case], timeout_s=300)
+                  for n in ((2, 4) if case == "flat" else (2,))}
     return {"straight": straight, "saved": saved, "loaded": loaded}
 
 
 @pytest.mark.parametrize("kind,case", [("full", "flat"), ("sharded", "flat"), ("full", "orig_params")])
 def test_saved_and_loaded_run_continues_exactly(kind, case):
-    r = resumed(kind, case, 2)
-    continued = r["saved"][0]["losses"] + r["loaded"][0]["losses"]
+    r = resumed(case)
+    saved, loaded = r["saved"][0][kind], r["loaded"][2][0][kind]
+    continued = saved["losses"] + loaded["losses"]
     assert continued == r["straight"]["losses"], (continued, r["straight"]["losses"])
-    assert _equal(r["loaded"][0]["exported"], r["saved"][0]["exported"]), "the loaded state is not the saved one"
+    assert _equal(loaded["exported"], saved["exported"]), "the loaded state is not the saved one"
 
 
 @pytest.mark.parametrize("kind", ["full", "sharded"])
 def test_saved_on_two_ranks_loads_on_four(kind):
-    r = resumed(kind, "flat", 4)
+    r = resumed("flat")
+    saved = r["saved"][0][kind]
     for rank in range(4):  # the full state re-exported on 4 ranks is bitwise what 2 ranks saved
-        assert _equal(r["loaded"][rank]["exported"], r["saved"][0]["exported"]), rank
-    continued = r["saved"][0]["losses"] + r["loaded"][0]["losses"]
+        assert _equal(r["loaded"][4][rank][kind]["exported"], saved["exported"]), rank
+    continued = saved["losses"] + r["loaded"][4][0][kind]["losses"]
     diff = max(abs(a - b) for a, b in zip(continued, r["straight"]["losses"]))
     assert diff <= 1e-5, (continued, r["straight"]["losses"])
 

@@ -167,7 +167,7 @@ def test_unsupported_options_raise_naming_the_option(messages):
 @pytest.mark.parametrize("key,needle", [
     ("local_state_dict", "state_dict_type=LOCAL_STATE_DICT is not supported"),
     ("sharded_config", "does not go with FULL_STATE_DICT"),
-    ("optim_config", "optim_state_dict_config="),
+    ("optim_config", "does not go with SHARDED_STATE_DICT"),
     ("assign", "assign=True is not supported"),
     ("no_fsdp_inside", "LoopNet contains no fsdp_lab.FSDP"),
 ])

@@ -18,8 +18,9 @@ torch FSDP1 gives, so torch.distributed.checkpoint saves each rank's piece and l
 Buffers are replicated plain tensors. torch FSDP1 gives ShardedTensor unless ShardedStateDictConfig._use_dtensor;
 ShardedTensor is deprecated and DCP treats both alike, so here it is DTensor either way. load_state_dict takes
 such a dict back (each DTensor is gathered to its full tensor, then loaded as a full state dict). The optimizer
-state follows the same settings through FSDP.optim_state_dict (fsdp_lab/runtime/optim_state_dict.py). LOCAL_STATE_DICT (the flat shards themselves) is refused with a
-ValueError that says so, rather than giving a dict that looks like another one.
+state follows the same settings through FSDP.optim_state_dict (fsdp_lab/runtime/optim_state_dict.py).
+LOCAL_STATE_DICT (the flat shards themselves) is refused with a ValueError that says so, rather than giving a dict
+that looks like another one.
 """
 from __future__ import annotations
 
