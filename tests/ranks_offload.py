@@ -70,6 +70,11 @@ def wrap_fsdp2(lib: str, offload, _options: dict):
     return model
 
 
+def report(model, optimizer) -> dict:
+    mem = model.memory_report(optimizer)
+    return {**mem.as_dict(), "host": mem.host, "device": mem.device}
+
+
 def where_bytes_live(model, optimizer, rank: int, world_size: int) -> dict:
     """fsdp_lab FSDP1 only: memory_report inside block 0's forward (its unit and the root gathered) and after the
     step, with the bytes that must be on the device then (the gathered units' buffers)."""
@@ -79,16 +84,16 @@ def where_bytes_live(model, optimizer, rank: int, world_size: int) -> dict:
 
     def during(_module, _args, _output):
         gathered = [u for u in model.units if u.state is UnitState.UNSHARDED]
-        seen["forward"] = model.memory_report(optimizer).as_dict()
+        seen["forward"] = report(model, optimizer)
         seen["forward_gathered"] = sum(f.full_bytes for u in gathered for f in u.flats)
         seen["forward_units"] = sorted(u.name for u in gathered)
 
     handle = model.module.layers[0].up.register_forward_hook(during)  # inside block 0, after its gather
     loss_of(model, *batch(0, rank, world_size)).backward()
     handle.remove()
-    seen["after_backward"] = model.memory_report(optimizer).as_dict()
+    seen["after_backward"] = report(model, optimizer)
     optimizer.step()
-    seen["after_step"] = model.memory_report(optimizer).as_dict()
+    seen["after_step"] = report(model, optimizer)
     optimizer.zero_grad()
     seen["homes"] = sorted({f.placement.home.value for u in model.units for f in u.flats})
     seen["state_devices"] = sorted({v.device.type for s in optimizer.state.values() for v in s.values()
@@ -181,7 +186,7 @@ def gpu_peak(rank, world_size, offload: bool, width: int = 1024, blocks: int = 6
     report = model.memory_report(opt)
     unit_bytes = max(f.full_bytes for u in model.units for f in u.flats)
     return {"rest": rest, "peak": torch.cuda.max_memory_allocated(), "input": x.nbytes, "unit": unit_bytes,
-            "report": report.as_dict(),
+            "report": {**report.as_dict(), "host": report.host, "device": report.device},
             "param_devices": sorted({p.device.type for p in model.parameters()}),
             "state_devices": sorted({v.device.type for s in opt.state.values() for v in s.values()
                                      if isinstance(v, torch.Tensor) and v.dim() > 0})}

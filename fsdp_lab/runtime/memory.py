@@ -34,7 +34,8 @@ class MemoryBytes:
         return sum(getattr(self, k) for k in KINDS)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        """The bytes by kind and their total (what traces record); `host` and `device` split the same total."""
+        return {**{k: v for k, v in asdict(self).items() if k in KINDS}, "total": self.total}
 
 
 class _Counter:
