@@ -46,8 +46,7 @@ class FSDP(nn.Module):
     torch FSDP1's constructor, option for option (tests/test_torch_signatures.py). param_init_fn is used, as in
     torch, only for modules on the meta device, which are refused (device.py); cpu_offload keeps shards, gradients
     and optimizer state on the host (offload.py); ignored_modules, ignored_states and device_mesh raise a
-    ValueError naming them. Unknown
-    attributes and indexing reach the wrapped module, as in torch."""
+    ValueError naming them. Unknown attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
                  auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
