@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 __all__ = ["FSDP", "FullyShardedDataParallel", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch",
            "StateDictType", "FullStateDictConfig", "ShardedStateDictConfig",
            "fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy", "CPUOffloadPolicy", "OffloadPolicy",
-           "register_fsdp_forward_method"]
+           "register_fsdp_forward_method", "CPUOffload", "FullOptimStateDictConfig", "ShardedOptimStateDictConfig"]
 
 
 def __getattr__(name):

@@ -96,7 +96,7 @@ def forwarding(rank, world_size):
     return {"config": model.config is base.cfg, "blocks": model.blocks is base.blocks,
             "generate": model.generate(x).shape == (x.shape[0], x.shape[1] + 2),
             "getitem": seq[1] is seq.module[1], "missing": seen(lambda: model.no_such_thing),
-            "not_provided": seen(lambda: FSDP.optim_state_dict(model, None))}
+            "not_provided": seen(lambda: FSDP.full_optim_state_dict(model, None))}
 
 
 def dcp_state_dict(rank, world_size):

@@ -474,8 +474,9 @@ def api_checks(rank, world_size):
     seq = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     fsdp_lab.fully_shard(seq)
     out["slice_class"] = type(seq[0:1]).__name__
-    out["cpu_offload"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
-                                                            offload_policy=fsdp_lab.CPUOffloadPolicy()))
+    out["cpu_offload"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), offload_policy="cpu"))
+    out["cpu_offload_ok"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
+                                                               offload_policy=fsdp_lab.CPUOffloadPolicy())) is None
     out["offload_default_ok"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
                                                                    offload_policy=fsdp_lab.OffloadPolicy())) is None
     out["placement_fn"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), shard_placement_fn=lambda p: None))

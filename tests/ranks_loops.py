@@ -455,7 +455,9 @@ def wrap_errors(rank, world_size):
     capture("bare_torch_transformer_policy", lambda: FSDP(LoopNet(), auto_wrap_policy=torch_transformer_policy))
     capture("empty_partial", lambda: FSDP(LoopNet(), auto_wrap_policy=functools.partial(
         transformer_auto_wrap_policy, transformer_layer_cls=set())))
-    capture("cpu_offload", lambda: FSDP(LoopNet(), cpu_offload=CPUOffload(offload_params=True)))
+    capture("cpu_offload", lambda: FSDP(LoopNet(), cpu_offload=CPUOffload(offload_params=True),
+                                        sharding_strategy="ZERO1"))
+    capture("cpu_offload_bad", lambda: FSDP(LoopNet(), cpu_offload=True))
     capture("cpu_offload_off", lambda: FSDP(LoopNet(), cpu_offload=CPUOffload(offload_params=False)))
     capture("nested_other_strategy", lambda: FSDP(LoopNet(blocks=[FSDP(b, sharding_strategy="NO_SHARD")
                                                                  for b in make_blocks()])))
@@ -478,8 +480,8 @@ def wrap_errors(rank, world_size):
     capture("local_state_dict", lambda: state_dict_under("LOCAL_STATE_DICT"))
     capture("sharded_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT,
                                                        ShardedStateDictConfig()))
-    capture("optim_config", lambda: state_dict_under(TorchStateDictType.FULL_STATE_DICT, None,
-                                                     FullOptimStateDictConfig()))
+    capture("optim_config", lambda: state_dict_under(TorchStateDictType.SHARDED_STATE_DICT, None,
+                                                     FullOptimStateDictConfig()))  # a FULL config with SHARDED
     capture("assign", lambda: FSDP(LoopNet()).load_state_dict(LoopNet().state_dict(), assign=True))
     capture("no_fsdp_inside", lambda: FSDP.set_state_dict_type(LoopNet(), "FULL_STATE_DICT"))
     return messages

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from ranks_features import message_of
 from torch import nn
-from torch.distributed.fsdp import CPUOffload, FullOptimStateDictConfig
+from torch.distributed.fsdp import FullOptimStateDictConfig
 
 from fsdp_lab import FSDP, MixedPrecision, StateDictType
 
@@ -21,12 +21,11 @@ def _under(state_dict_type, config=None, optim_config=None):
 
 
 REFUSED = {
-    "FSDP.cpu_offload": lambda: FSDP(_net(), cpu_offload=CPUOffload(offload_params=True)),
     "MixedPrecision._module_classes_to_ignore": lambda: FSDP(
         nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), mixed_precision=MixedPrecision(param_dtype=torch.bfloat16)),
     "summon_full_params.rank0_only": lambda: FSDP.summon_full_params(FSDP(_net()), rank0_only=True).__enter__(),
     "state_dict_type.LOCAL_STATE_DICT": lambda: _under(StateDictType.LOCAL_STATE_DICT),
-    "state_dict_type.optim_state_dict_config": lambda: _under(StateDictType.FULL_STATE_DICT, None,
+    "state_dict_type.optim_state_dict_config": lambda: _under(StateDictType.SHARDED_STATE_DICT, None,
                                                               FullOptimStateDictConfig()),
     "load_state_dict.assign": lambda: FSDP(_net()).load_state_dict(_net().state_dict(), assign=True),
 }

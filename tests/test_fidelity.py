@@ -30,14 +30,15 @@ def test_unknown_attributes_and_indexing_reach_the_wrapped_module(ranks):
     got = facts(ranks, "forwarding")
     assert got["config"] and got["blocks"] and got["generate"] and got["getitem"]
     assert got["missing"].startswith("AttributeError") and "no_such_thing" in got["missing"]
-    assert got["not_provided"].startswith("NotImplementedError: FSDP.optim_state_dict is not provided"), got
+    assert got["not_provided"].startswith("NotImplementedError: FSDP.full_optim_state_dict is not provided"), got
 
 
 def test_torch_dcp_reads_the_model_and_refuses_the_optimizer_by_name(ranks):
     got = facts(ranks, "dcp_state_dict")
     assert got["model_keys"] and got["model_equal"]
-    assert got["with_optimizer"].startswith("NotImplementedError") and "fsdp_lab.checkpoint" in \
-        got["with_optimizer"], got["with_optimizer"]
+    message = got["with_optimizer"]
+    assert message.startswith("NotImplementedError") and "fsdp_lab.checkpoint" in message, message
+    assert "FSDP.optim_state_dict(model, optim)" in message, message
 
 
 def test_state_dict_gives_buffers_in_their_own_dtype_as_torch_does(ranks):

@@ -157,7 +157,8 @@ def test_bare_transformer_policy_shows_the_right_spelling(messages, key):
 
 
 def test_unsupported_options_raise_naming_the_option(messages):
-    assert "cpu_offload" in messages["cpu_offload"] and messages["cpu_offload"].startswith("ValueError")
+    for key in ("cpu_offload", "cpu_offload_bad"):  # offload with ZeRO-1's device replica; not a CPUOffload
+        assert "cpu_offload" in messages[key] and messages[key].startswith("ValueError"), messages[key]
     assert messages["cpu_offload_off"] is None, "CPUOffload(offload_params=False) is what fsdp_lab does"
     assert "sharding_strategy" in messages["nested_other_strategy"]
     assert "nested into another FSDP" in messages["call_nested_inner"]
@@ -166,7 +167,7 @@ def test_unsupported_options_raise_naming_the_option(messages):
 @pytest.mark.parametrize("key,needle", [
     ("local_state_dict", "state_dict_type=LOCAL_STATE_DICT is not supported"),
     ("sharded_config", "does not go with FULL_STATE_DICT"),
-    ("optim_config", "optim_state_dict_config="),
+    ("optim_config", "does not go with SHARDED_STATE_DICT"),
     ("assign", "assign=True is not supported"),
     ("no_fsdp_inside", "LoopNet contains no fsdp_lab.FSDP"),
 ])

@@ -5,10 +5,12 @@ from fsdp_lab.runtime.api import FSDP
 from fsdp_lab.runtime.fsdp_module import FSDPModule, UnshardHandle, register_fsdp_forward_method
 from fsdp_lab.runtime.fully_shard import fully_shard
 from fsdp_lab.runtime.mixed_precision import MixedPrecision, MixedPrecisionPolicy
-from fsdp_lab.runtime.offload import CPUOffloadPolicy, OffloadPolicy
-from fsdp_lab.runtime.state_dict import FullStateDictConfig, ShardedStateDictConfig, StateDictType
+from fsdp_lab.runtime.offload import CPUOffload, CPUOffloadPolicy, OffloadPolicy
+from fsdp_lab.runtime.state_dict import (FullOptimStateDictConfig, FullStateDictConfig, ShardedOptimStateDictConfig,
+                                         ShardedStateDictConfig, StateDictType)
 from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
 
 __all__ = ["FSDP", "MixedPrecision", "ShardingStrategy", "BackwardPrefetch", "StateDictType", "FullStateDictConfig",
            "ShardedStateDictConfig", "fully_shard", "FSDPModule", "UnshardHandle", "MixedPrecisionPolicy",
-           "CPUOffloadPolicy", "OffloadPolicy", "register_fsdp_forward_method"]
+           "CPUOffloadPolicy", "OffloadPolicy", "register_fsdp_forward_method", "CPUOffload",
+           "FullOptimStateDictConfig", "ShardedOptimStateDictConfig"]

@@ -26,6 +26,8 @@ from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_mo
 from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
                                               reduce_dtype)
 from fsdp_lab.runtime.nesting import take_over_nested
+from fsdp_lab.runtime.offload import fsdp1_placement
+from fsdp_lab.runtime import optim_state_dict as optim_state
 from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                           refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.partition import partition_params
@@ -49,8 +51,8 @@ class FSDP(nn.Module):
     sync_module_states broadcasts rank 0's values one unit at a time ([Note: materialising one unit at a time] in
     deferred_init.py); ignored_modules / ignored_states stay plain local parameters ([Note: ignored modules] in
     ignored.py). HYBRID_SHARD and _HYBRID_SHARD_ZERO2 take device_mesh or process_group=(shard_pg, replicate_pg)
-    as torch does (hybrid.py). cpu_offload with offload_params=True raises a ValueError naming it. Unknown
-    attributes and indexing reach the wrapped module, as in torch."""
+    as torch does (hybrid.py). cpu_offload keeps shards, gradients and optimizer state on the host (offload.py).
+    Unknown attributes and indexing reach the wrapped module, as in torch."""
 
     def __init__(self, module: nn.Module, process_group=None, sharding_strategy=None, cpu_offload=None,
                  auto_wrap_policy=None, backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
@@ -59,8 +61,6 @@ class FSDP(nn.Module):
                  limit_all_gathers: bool = True, use_orig_params: bool = False, ignored_states=None,
                  device_mesh=None):
         super().__init__()
-        if cpu_offload is not None and getattr(cpu_offload, "offload_params", True) is not False:
-            raise ValueError(f"FSDP option cpu_offload={cpu_offload!r} is not supported by fsdp_lab")
         if isinstance(module, FSDP):
             raise ValueError("module is already wrapped with FSDP")
         check_param_init_fn(param_init_fn)
@@ -77,11 +77,16 @@ class FSDP(nn.Module):
                           "sharding_strategy": strategy,
                           "mixed_precision": mixed_precision, "backward_prefetch": prefetch,
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
-                          "use_orig_params": bool(use_orig_params)}
+                          "use_orig_params": bool(use_orig_params),
+                          "cpu_offload": bool(getattr(cpu_offload, "offload_params", False))}
         self._nested_into = None  # the outer FSDP, once one has taken this one's units over
         nested_units = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
+        self._placement = fsdp1_placement(cpu_offload, device)  # [Note: host and device] in offload.py
+        if self._placement.offloaded and strategy is ShardingStrategy.ZERO1:
+            raise ValueError("FSDP options cpu_offload=CPUOffload(offload_params=True) and sharding_strategy=ZERO1 "
+                             "cannot be combined: ZeRO-1 keeps a replica on the device, which offload would not free")
         masters = {p.dtype for p in module.parameters() if id(p) not in ignored.params}
         if masters - {torch.float32}:
             raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
@@ -129,7 +134,8 @@ class FSDP(nn.Module):
                 flats.append(FlatParam(
                     info.name or "<root>", params, ctx.world_size, ctx.rank, requires_grad=trainable,
                     compute_dtype=ctx.compute_dtype, keep_replica=ctx.strategy is ShardingStrategy.ZERO1,
-                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype, device=ctx.device))
+                    shard_storage=ctx.strategy.shards_params, reduce_dtype=ctx.reduce_dtype, device=ctx.device,
+                    placement=self._placement))
             unit_init.prepare(info.name or "<root>", info.module, flats)  # deferred_init.py
             for param, aliases in info.trainable + info.frozen:  # the flat shards replace them
                 mark_replaced(param, aliases[0][2])  # [Note: traps that train nothing] in misuse.py
@@ -312,6 +318,30 @@ class FSDP(nn.Module):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Collective: load a plain module's state dict (as `state_dict()` gives it) on every rank."""
         return load_full_state_dict(self, state_dict, strict, assign)
+
+    @staticmethod
+    def optim_state_dict(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict=None,
+                         group=None) -> dict:
+        """Collective: `optim`'s state keyed by original parameter names, full or sharded as state_dict_type says
+        ([Note: optimizer state by original name] in optim_state_dict.py)."""
+        return optim_state.optim_state_dict(FSDP._one_root(model, "optim_state_dict"), optim, optim_state_dict,
+                                            group)
+
+    @staticmethod
+    def optim_state_dict_to_load(model: nn.Module, optim: torch.optim.Optimizer, optim_state_dict,
+                                 is_named_optimizer: bool = False, load_directly: bool = False, group=None) -> dict:
+        """Collective: what `optim.load_state_dict` takes on this rank, from an FSDP.optim_state_dict dict saved on
+        any number of ranks."""
+        return optim_state.optim_state_dict_to_load(FSDP._one_root(model, "optim_state_dict_to_load"), optim,
+                                                    optim_state_dict, is_named_optimizer, load_directly, group)
+
+    @staticmethod
+    def _one_root(module: nn.Module, what: str) -> "FSDP":
+        roots = [module] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
+        if len(roots) != 1:
+            raise ValueError(f"FSDP.{what}: {type(module).__name__} holds {len(roots)} root fsdp_lab.FSDP models; "
+                             f"pass the one the optimizer trains")
+        return roots[0]
 
     @staticmethod
     def set_state_dict_type(module: nn.Module, state_dict_type, state_dict_config=None,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from fsdp_lab.runtime.layout import UnshardedViews
+from fsdp_lab.runtime.offload import Home, Placement
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class FlatParam(UnshardedViews):
 
     def __init__(self, unit_name: str, entries: list, world_size: int, rank: int, *, requires_grad: bool,
                  compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool,
-                 reduce_dtype: torch.dtype | None = None, device: torch.device | None = None):
+                 reduce_dtype: torch.dtype | None = None, device: torch.device | None = None,
+                 placement: Placement | None = None):
         self.unit_name = unit_name
         self.requires_grad = requires_grad
         self.world_size, self.rank = world_size, rank
@@ -68,6 +70,9 @@ class FlatParam(UnshardedViews):
         self.reduce_dtype = reduce_dtype or compute_dtype
         originals = [param for param, _aliases in entries]
         device = device if device is not None else originals[0].device
+        # [Note: host and device] in fsdp_lab/runtime/offload.py: where the shard lives and where it computes
+        self.placement = placement or Placement(Home.DEVICE, device)
+        self.compute_device = self.placement.compute_device
         self.master_dtype = originals[0].dtype
         align = align_elements(self.master_dtype, compute_dtype)
         offset, slots = 0, []
@@ -93,8 +98,9 @@ class FlatParam(UnshardedViews):
         if keep_replica:  # ZeRO-1: a replicated fp32 copy stays; the shard is a window onto it
             self.replica = flat
             self.shard = nn.Parameter(flat.data[start:start + self.shard_numel], requires_grad=requires_grad)
-        else:  # this rank's chunk; NO_SHARD: the "shard" is the whole replicated master
-            self.shard = nn.Parameter(flat, requires_grad=requires_grad)
+        else:  # this rank's chunk; NO_SHARD: the "shard" is the whole replicated master; offloaded, on the host
+            home = self.placement.to_home(flat, pin=True) if self.placement.offloaded else flat
+            self.shard = nn.Parameter(home, requires_grad=requires_grad)
         self.full = self._make_full_tensor(flat, keep_replica, shard_storage)
         self.persistent_full = self.full is self.shard or self.full is self.replica
         if not self.persistent_full:
@@ -118,7 +124,7 @@ class FlatParam(UnshardedViews):
                     master[lo - base:hi - base].copy_(tensor.detach().reshape(-1)[lo - slot.offset:hi - slot.offset])
 
     def _make_full_tensor(self, flat, keep_replica, shard_storage) -> torch.Tensor:
-        same_dtype = self.compute_dtype == self.master_dtype
+        same_dtype = self.compute_dtype == self.master_dtype and not self.placement.offloaded
         if not shard_storage and not keep_replica and same_dtype:
             return self.shard
         if keep_replica and same_dtype:
@@ -135,7 +141,10 @@ class FlatParam(UnshardedViews):
 
     # -- the collectives' copy-in and copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py) -------------
     def copy_in(self) -> torch.Tensor:
-        """The all-gather's input: the shard itself (the collective casts it); no copy."""
+        """The all-gather's input: the shard itself (the collective casts it), no copy; offloaded, its copy on the
+        compute device, cast on the way ([Note: host and device] in fsdp_lab/runtime/offload.py)."""
+        if self.placement.offloaded:
+            return self.placement.to_compute(self.shard.detach(), self.compute_dtype)
         return self.shard.detach()
 
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
@@ -150,7 +159,10 @@ class FlatParam(UnshardedViews):
         return grad
 
     def store_shard_grad(self, out: torch.Tensor) -> None:
-        """Put this rank's reduced chunk on the fp32 shard's .grad, adding to one already there."""
+        """Put this rank's reduced chunk on the fp32 shard's .grad, adding to one already there (offloaded: copied
+        to the host first, [Note: accumulating offloaded gradients] in fsdp_lab/runtime/offload.py)."""
+        if self.placement.offloaded:
+            out = self.placement.to_home(out)
         if self.shard.grad is not None:
             self.shard.grad.add_(out)
         else:

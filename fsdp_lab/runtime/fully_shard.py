@@ -25,7 +25,7 @@ from torch import nn
 from fsdp_lab.runtime.fsdp_module import FSDPModule
 from fsdp_lab.runtime.hybrid import hybrid_state, mesh_groups, shard_coordinate
 from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
-from fsdp_lab.runtime.offload import OffloadPolicy, check_offload_policy
+from fsdp_lab.runtime.offload import OffloadPolicy, fsdp2_placement
 from fsdp_lab.runtime.param_group import ParamGroup
 from fsdp_lab.runtime.post_forward import check_group_size, make_post_forward_groups
 from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
@@ -134,10 +134,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     for option, value in (("shard_placement_fn", shard_placement_fn), ("dp_mesh_dims", dp_mesh_dims)):
         if value is not None:
             raise ValueError(f"fully_shard option {option}={value!r} is not supported by fsdp_lab")
-    check_offload_policy(offload_policy)
     mp_policy = coerce_mp_policy(mp_policy)
     mesh = _check_mesh(mesh)
     device = _mesh_device(mesh)
+    placement = fsdp2_placement(offload_policy, device)  # [Note: host and device] in offload.py
     after_forward = _check_reshard_after_forward(reshard_after_forward, mesh)
     ignored = {id(p) for p in (ignored_params or ())}
     trainable, frozen, originals = _collect_params(module, ignored)
@@ -152,7 +152,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         compute = mp_policy.param_dtype or _master_dtype(entries, type(module).__name__)
         layouts.append(ParamGroup(type(module).__name__, entries, mesh, requires_grad=requires_grad,
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
-                                  device=device))
+                                  device=device, placement=placement))
     unit = Unit(type(module).__name__, module, layouts, ctx=None, is_root=False)
     unit.reshard_after_forward = True if after_forward is None else bool(after_forward)
     state = FullyShardState(module, unit, mesh, device, mp_policy, after_forward is None, originals)

@@ -30,7 +30,10 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
     # an ignored module's parameters (ignored.py) are whole on every rank: their term is added once, as in torch
     sharded = [p.grad.detach() for p in params if hasattr(p, FLAT_OF)]
     local = [p.grad.detach() for p in params if not hasattr(p, FLAT_OF)]
-    total = _local_norm_term(sharded, norm_type, ctx.device)
+    # Offloaded gradients are on the host: their local term is reduced on the device and the total returned on the
+    # host, as torch FSDP1 does (fsdp_lab/runtime/offload.py).
+    offloaded = model._placement.offloaded
+    total = _local_norm_term(sharded, norm_type, ctx.device).to(ctx.device)
     if ctx.strategy is not ShardingStrategy.NO_SHARD:
         op = dist.ReduceOp.MAX if norm_type == float("inf") else dist.ReduceOp.SUM
         dist.all_reduce(total, op=op, group=ctx.pg)
@@ -39,10 +42,12 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
         total = torch.maximum(total, term) if norm_type == float("inf") else total + term
     if norm_type != float("inf"):
         total = total ** (1.0 / norm_type)
+    if offloaded:
+        total = total.cpu()
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    by_dtype: dict = {}
+    by_kind: dict = {}  # offloaded gradients are on the host, an ignored module's on the device
     for g in grads:
-        by_dtype.setdefault(g.dtype, []).append(g)
-    for dtype, group in by_dtype.items():
-        torch._foreach_mul_(group, coef.to(dtype))
+        by_kind.setdefault((g.dtype, g.device), []).append(g)
+    for (dtype, device), group in by_kind.items():
+        torch._foreach_mul_(group, coef.to(device, dtype))
     return total

@@ -2,6 +2,11 @@
 
 Storage is counted once however many views share it (a ZeRO-1 shard is a window onto its replica, a tied weight
 is one slot), so the totals are what the allocator really holds for FSDP's state.
+
+Each byte is also counted where it lives, `host` or `device` ([Note: host and device] in
+fsdp_lab/runtime/offload.py): a shard and its gradient in their layout's home, unsharded buffers on the compute
+device, optimizer state with its parameter (or on the host when it is a CPU tensor beside a device parameter, as
+Adam's `step` is). On a CPU-only machine both places are host memory; the split says where a GPU run keeps them.
 """
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.runtime.observed import shards_params, units_of
-
 from fsdp_lab.runtime.misuse import FLAT_OF
+from fsdp_lab.runtime.observed import shards_params, shared_state, units_of
+from fsdp_lab.runtime.offload import Home
 
 KINDS = ("params_sharded", "params_unsharded", "grads_sharded", "grads_unsharded", "optimizer_state")
 
@@ -24,21 +29,25 @@ class MemoryBytes:
     grads_sharded: int = 0
     grads_unsharded: int = 0
     optimizer_state: int = 0
+    host: int = 0  # of the total, the bytes in host memory
+    device: int = 0  # of the total, the bytes on the compute device
 
     @property
     def total(self) -> int:
         return sum(getattr(self, k) for k in KINDS)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        """The bytes by kind and their total (what traces record); `host` and `device` split the same total."""
+        return {**{k: v for k, v in asdict(self).items() if k in KINDS}, "total": self.total}
 
 
 class _Counter:
     def __init__(self):
         self.seen: set[int] = set()
         self.bytes = dict.fromkeys(KINDS, 0)
+        self.where = {"host": 0, "device": 0}
 
-    def add(self, kind: str, tensor) -> None:
+    def add(self, kind: str, tensor, home: Home = Home.DEVICE) -> None:
         if tensor is None:
             return
         if isinstance(tensor, DTensor):  # fully_shard's optimizer state: the bytes are the local tensor's
@@ -48,6 +57,7 @@ class _Counter:
             return
         self.seen.add(storage.data_ptr())
         self.bytes[kind] += storage.nbytes()
+        self.where[home.value] += storage.nbytes()
 
 
 def memory_report(model, optimizer=None) -> MemoryBytes:
@@ -55,15 +65,22 @@ def memory_report(model, optimizer=None) -> MemoryBytes:
     the layout seam (fsdp_lab/runtime/layout.py): the same count for flat and per-parameter shards."""
     counter = _Counter()
     sharded = shards_params(model)
+    homes = {}  # id(parameter the optimizer may hold) -> where that parameter lives
     for unit in units_of(model):
         for flat in unit.flats:
+            home = flat.placement.home
+            if flat.shard is not None:  # FlatParam: the optimizer holds the flat shard, or the original parameters
+                homes[id(flat.shard)] = home
+                homes.update((id(p), home) for p in flat.orig_params or ())
+            else:  # ParamGroup: the optimizer holds the DTensor parameters
+                homes.update((id(slot.registered()), home) for slot in flat.slots)
             for shard in flat.local_shards():
-                counter.add("params_sharded" if sharded else "params_unsharded", shard)
+                counter.add("params_sharded" if sharded else "params_unsharded", shard, home)
             counter.add("params_unsharded", flat.replica)
             counter.add("params_unsharded", flat.full)
             counter.add("params_unsharded", flat.post_forward_shard)
             for grad in flat.local_grads():
-                counter.add("grads_sharded" if sharded else "grads_unsharded", grad)
+                counter.add("grads_sharded" if sharded else "grads_unsharded", grad, home)
             counter.add("grads_unsharded", flat.replica_grad)
             counter.add("grads_unsharded", flat.grad_stash)
             if flat.full is not flat.shard:
@@ -73,8 +90,10 @@ def memory_report(model, optimizer=None) -> MemoryBytes:
             counter.add("params_unsharded", param)
             counter.add("grads_unsharded", param.grad)
     if optimizer is not None:
-        for state in optimizer.state.values():
+        compute_on_cpu = shared_state(model).device.type == "cpu"
+        for param, state in optimizer.state.items():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    counter.add("optimizer_state", value)
-    return MemoryBytes(**counter.bytes)
+                    on_host = value.device.type == "cpu" and not compute_on_cpu
+                    counter.add("optimizer_state", value, Home.HOST if on_host else homes.get(id(param), Home.DEVICE))
+    return MemoryBytes(**counter.bytes, **counter.where)

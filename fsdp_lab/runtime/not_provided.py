@@ -7,16 +7,16 @@ until it is decided.
 """
 from __future__ import annotations
 
-_CHECKPOINT = "fsdp_lab.checkpoint.save(model, optimizer, directory, step) and load(...) keep the sharded optimizer"
+_CHECKPOINT = ("torch deprecated it for FSDP.optim_state_dict(model, optim) and FSDP.optim_state_dict_to_load(model, "
+               "optim, osd), which fsdp_lab has; fsdp_lab.checkpoint.save/load also keep the sharded optimizer")
 NOT_PROVIDED = {
-    "optim_state_dict": _CHECKPOINT + " state",
-    "optim_state_dict_to_load": _CHECKPOINT + " state",
     "full_optim_state_dict": _CHECKPOINT + " state",
     "sharded_optim_state_dict": _CHECKPOINT + " state",
     "shard_full_optim_state_dict": _CHECKPOINT + " state",
     "scatter_full_optim_state_dict": _CHECKPOINT + " state",
     "flatten_sharded_optim_state_dict": _CHECKPOINT + " state",
-    "rekey_optim_state_dict": _CHECKPOINT + " state, keyed by the flat shards",
+    "rekey_optim_state_dict": "FSDP.optim_state_dict(model, optim) is keyed by parameter name already, and "
+                              "FSDP.optim_state_dict_to_load(model, optim, osd) turns it into the optimizer's ids",
     "register_comm_hook": "the collectives are fixed (fsdp_lab/runtime/collectives.py); reduce_dtype sets the "
                           "gradient reduction's dtype",
 }
@@ -45,5 +45,6 @@ def refuse_dcp_optimizer_state(caller) -> None:
         raise NotImplementedError(
             "torch.distributed.checkpoint.state_dict cannot save or load an fsdp_lab optimizer: each rank holds a "
             "different shard under one name, which DCP would save once and load onto every rank. Use "
-            "fsdp_lab.checkpoint.save/load for model and optimizer, or get_model_state_dict(model) / "
-            "set_model_state_dict(model, ...) for the model alone")
+            "FSDP.optim_state_dict(model, optim) / FSDP.optim_state_dict_to_load(model, optim, osd) (keyed by "
+            "parameter name, full or sharded: dcp.save takes it), fsdp_lab.checkpoint.save/load for model and "
+            "optimizer, or get_model_state_dict(model) / set_model_state_dict(model, ...) for the model alone")

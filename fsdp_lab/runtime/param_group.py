@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 from fsdp_lab.runtime.collectives import Collective, all_gather_flat
 from fsdp_lab.runtime.hybrid import shard_coordinate, shard_placements
 from fsdp_lab.runtime.layout import UnshardedViews
+from fsdp_lab.runtime.offload import Home, Placement
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,17 @@ class ShardedParam:
         return module._parameters[attr]
 
 
-def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, device: torch.device) -> nn.Parameter:
-    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is): rank
-    and world size of the mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other."""
+def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement) -> nn.Parameter:
+    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
+    its placement's home ([Note: host and device] in fsdp_lab/runtime/offload.py): rank and world size of the
+    mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other."""
     rows = math.ceil(param.shape[0] / world_size)
     start = min(rank * rows, param.shape[0])
     local = param.detach()[start:start + rows]
-    if local.device.type != "meta":
-        local = local.to(device).clone()  # its own storage: the unsharded original can be freed
+    if local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
+        local = placement.to_home(local, pin=True)
+    elif local.device.type != "meta":
+        local = local.to(placement.compute_device).clone()
     dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
                                  stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
@@ -83,8 +87,10 @@ class ParamGroup(UnshardedViews):
     """The DTensor shards of one fully_shard group (of one requires_grad kind) and its unsharded buffer."""
 
     def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
-                 reduce_dtype: torch.dtype, device: torch.device):
+                 reduce_dtype: torch.dtype, device: torch.device, placement: Placement | None = None):
         self.unit_name, self.requires_grad = unit_name, requires_grad
+        self.placement = placement or Placement(Home.DEVICE, device)
+        self.compute_device = device
         self.rank, self.world_size = shard_coordinate(mesh)
         self.compute_dtype, self.reduce_dtype = compute_dtype, reduce_dtype
         self.shard, self.orig_params, self.persistent_full, self.replica = None, None, False, None
@@ -95,7 +101,7 @@ class ParamGroup(UnshardedViews):
             if param.dim() == 0:
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
-            sharded = shard_parameter(param, mesh, self.rank, n, device)
+            sharded = shard_parameter(param, mesh, self.rank, n, self.placement)
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
             rows = math.ceil(param.shape[0] / n)
@@ -136,7 +142,8 @@ class ParamGroup(UnshardedViews):
     # -- gather ---------------------------------------------------------------------------------------------
     def copy_in(self) -> torch.Tensor:
         """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements. At world
-        size 1 the send buffer is `full` itself (the all-gather then has nothing to copy)."""
+        size 1 the send buffer is `full` itself (the all-gather then has nothing to copy). Offloaded blocks are
+        copied to the compute device from the host by the same foreach copy."""
         self._retie()
         if self.world_size == 1:
             send = self.full.data
@@ -248,6 +255,8 @@ class ParamGroup(UnshardedViews):
     def store_shard_grad(self, out: torch.Tensor) -> None:
         """Cut this rank's reduced S elements into one DTensor gradient per parameter (views, added to a
         gradient already there)."""
+        if self.placement.offloaded:  # [Note: host and device] in fsdp_lab/runtime/offload.py
+            out = self.placement.to_home(out)
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
         parts = torch.split(out, self._send_sizes)  # the send buffer's layout: (held rows, padding) per parameter

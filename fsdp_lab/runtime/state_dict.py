@@ -18,8 +18,9 @@ torch FSDP1 gives, so torch.distributed.checkpoint saves each rank's piece and l
 Buffers are replicated plain tensors. torch FSDP1 gives ShardedTensor unless ShardedStateDictConfig._use_dtensor;
 ShardedTensor is deprecated and DCP treats both alike, so here it is DTensor either way. load_state_dict takes
 such a dict back (each DTensor is gathered to its full tensor, then loaded as a full state dict). The optimizer
-state is saved with fsdp_lab.checkpoint. LOCAL_STATE_DICT (the flat shards themselves) is refused with a
-ValueError that says so, rather than giving a dict that looks like another one.
+state follows the same settings through FSDP.optim_state_dict (fsdp_lab/runtime/optim_state_dict.py).
+LOCAL_STATE_DICT (the flat shards themselves) is refused with a ValueError that says so, rather than giving a dict
+that looks like another one.
 """
 from __future__ import annotations
 
@@ -57,13 +58,29 @@ class ShardedStateDictConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FullOptimStateDictConfig:
+    """What FSDP.optim_state_dict gives under FULL_STATE_DICT (fsdp_lab/runtime/optim_state_dict.py): full
+    tensors, on the CPU by default as in torch; rank0_only: ranks other than 0 get an empty dict."""
+    offload_to_cpu: bool = True
+    rank0_only: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedOptimStateDictConfig:
+    """Under SHARDED_STATE_DICT: each rank's dim-0 piece of every state tensor as a DTensor, on the CPU by
+    default as in torch; _use_dtensor as in ShardedStateDictConfig."""
+    offload_to_cpu: bool = True
+    _use_dtensor: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StateDictSettings:
     state_dict_type: StateDictType
     state_dict_config: object  # FullStateDictConfig or ShardedStateDictConfig
-    optim_state_dict_config: object  # always None: the optimizer state is fsdp_lab.checkpoint's
+    optim_state_dict_config: object  # FullOptimStateDictConfig or ShardedOptimStateDictConfig
 
 
-DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), None)
+DEFAULT_SETTINGS = StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(), FullOptimStateDictConfig())
 
 
 def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_config=None) -> StateDictSettings:
@@ -72,22 +89,26 @@ def coerce_settings(state_dict_type, state_dict_config=None, optim_state_dict_co
     if kind is StateDictType.LOCAL_STATE_DICT:
         raise ValueError(f"state_dict_type={kind.name} is not supported by fsdp_lab: model.state_dict() gives the "
                          f"full state dict (FULL_STATE_DICT) or per-parameter DTensors (SHARDED_STATE_DICT)")
-    if optim_state_dict_config is not None:
-        raise ValueError(f"optim_state_dict_config={optim_state_dict_config!r} is not supported by fsdp_lab: it has "
-                         f"no FSDP.optim_state_dict; fsdp_lab.checkpoint.save/load keeps the optimizer state")
     full = kind is StateDictType.FULL_STATE_DICT
-    config_type = FullStateDictConfig if full else ShardedStateDictConfig
-    if state_dict_config is None:
-        return StateDictSettings(kind, config_type(), None)
+    config = _coerce_config(kind, "state_dict_config", state_dict_config,
+                            FullStateDictConfig if full else ShardedStateDictConfig)
+    optim_config = _coerce_config(kind, "optim_state_dict_config", optim_state_dict_config,
+                                  FullOptimStateDictConfig if full else ShardedOptimStateDictConfig)
+    return StateDictSettings(kind, config, optim_config)
+
+
+def _coerce_config(kind: StateDictType, option: str, config, config_type: type):
+    """`config` as our `config_type` (ours or torch's twin, by name and fields); None gives its defaults."""
+    if config is None:
+        return config_type()
     fields = [f.name for f in dataclasses.fields(config_type)]
-    torch_type_name = getattr(type(state_dict_config), "__name__", "")
-    if torch_type_name != config_type.__name__ or not all(hasattr(state_dict_config, f) for f in fields):
-        raise ValueError(f"state_dict_config={state_dict_config!r} does not go with {kind.name}: pass a "
+    if getattr(type(config), "__name__", "") != config_type.__name__ or not all(hasattr(config, f) for f in fields):
+        raise ValueError(f"{option}={config!r} does not go with {kind.name}: pass a "
                          f"{config_type.__name__}({', '.join(f'{f}=...' for f in fields if not f.startswith('_'))})")
-    return StateDictSettings(kind, config_type(*(bool(getattr(state_dict_config, f)) for f in fields)), None)
+    return config_type(*(bool(getattr(config, f)) for f in fields))
 
 
-def _shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: bool):
+def shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: bool):
     """This rank's torch.chunk piece of `tensor` as a DTensor sharded on dim 0 ([Note: SHARDED_STATE_DICT])."""
     from torch.distributed.tensor import DTensor, Shard
 
@@ -122,7 +143,7 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
 
         def convert(key, value):
             if key in param_names:
-                return _shard_dim0(value, mesh, ctx.rank, ctx.world_size, config.offload_to_cpu)
+                return shard_dim0(value, mesh, ctx.rank, ctx.world_size, config.offload_to_cpu)
             return value.to("cpu", copy=True) if config.offload_to_cpu else value.clone()
     else:
         def convert(_key, value):

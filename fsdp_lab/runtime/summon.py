@@ -22,8 +22,9 @@ def gather_master(unit, flat) -> torch.Tensor:
     ctx = unit.ctx
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return flat.shard.data
-    full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.shard.device)
-    all_gather_flat(full, flat.shard.detach().clone(), ctx.pg, ctx.world_size, unit.name)
+    # On the compute device, where the collective runs (an offloaded shard is copied there first: offload.py)
+    full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.compute_device)
+    all_gather_flat(full, flat.shard.detach().to(flat.compute_device, copy=True), ctx.pg, ctx.world_size, unit.name)
     return full
 
 
@@ -41,12 +42,13 @@ def gather_grad(unit, flat):
     grad = flat.shard.grad
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return grad  # all-reduced: the same whole gradient on every rank
-    anyone = torch.tensor([float(grad is not None)], device=flat.shard.device)
+    anyone = torch.tensor([float(grad is not None)], device=flat.compute_device)
     if ctx.world_size > 1:
         dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=ctx.pg)
     if not anyone.item():
         return None
-    local = grad.detach().clone() if grad is not None else torch.zeros_like(flat.shard)
+    local = grad.detach().to(flat.compute_device, copy=True) if grad is not None else \
+        torch.zeros_like(flat.shard, device=flat.compute_device)
     full = torch.empty(flat.padded_numel, dtype=local.dtype, device=local.device)
     all_gather_flat(full, local, ctx.pg, ctx.world_size, unit.name)
     return full
