@@ -1,6 +1,6 @@
 """A Hugging Face Llama under fsdp_lab, on 2 gloo ranks against one process: every strategy, with and without
 HF's own gradient checkpointing (which checkpoints each decoder layer's __call__, so FSDP's hooks run inside it).
-transformers is not a dependency of the course; where it is installed this test runs."""
+transformers is not a dependency of the course, only of the test suite (the `test` extra installs it)."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +8,7 @@ from ranks_hf import train, train_fully_shard
 
 from fsdp_lab.training.launch import run_on_ranks
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers to run this)")
+pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[test] installs it)")
 
 TOL = 1e-5
 
