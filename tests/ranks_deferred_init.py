@@ -25,7 +25,8 @@ SEQ, STEPS, GLOBAL = 8, 3, 4  # GLOBAL: the global batch, split over the ranks
 
 class StorageBytes(TorchDispatchMode):
     """Counts the bytes of every live CPU floating-point storage that an op made while the mode is on, after every
-    op, and keeps the peak. Storages are held weakly (torch keeps one Python object per storage while it lives), so
+    op, and keeps the peak (a new peak is counted after a garbage collection, so it never depends on when the
+    collector last ran). Storages are held weakly (torch keeps one Python object per storage while it lives), so
     freed ones stop counting, and a storage resized to 0 bytes (a freed unsharded buffer) counts 0."""
 
     def __init__(self):
@@ -56,7 +57,10 @@ class StorageBytes(TorchDispatchMode):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_floating_point():
                 storage = t.untyped_storage()
                 self.storages.setdefault(id(storage), weakref.ref(storage))
-        self.peak = max(self.peak, self.live())
+        live = self.live()
+        if live > self.peak:  # a candidate peak: count it once garbage in reference cycles is gone, which
+            live = self.settled()  # otherwise lingers until the collector happens to run (load changes when)
+            self.peak = max(self.peak, live)
         return out
 
 
