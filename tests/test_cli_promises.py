@@ -38,7 +38,7 @@ def test_every_help_shows_the_defaults(name):
 
 def test_help_of_a_default_that_was_not_written_in_the_text():
     text = _subparsers()["bench"].format_help()
-    assert "timed rounds, each setup once per round (default: 5)" in " ".join(text.split())
+    assert "timed rounds, each setup once per round (default: 15)" in " ".join(text.split())
 
 
 def test_the_rank_count_has_one_spelling_everywhere():

@@ -29,21 +29,34 @@ def rows():
     if problem:
         pytest.skip(problem)
     from fsdp_lab.lessons.experiments.wire import measure_wire_bytes
-    return {(r["strategy"], r["step"]): r for r in measure_wire_bytes(("FULL_SHARD", "NO_SHARD"), steps=2)}
+    return {(r["strategy"], r["step"]): r for r in measure_wire_bytes(("FULL_SHARD", "NO_SHARD"), steps=STEPS)}
+
+
+STEPS = 3
+
+
+def least_excess(rows, strategy: str, expected) -> float:
+    """Wire bytes over the expected count, at the step with the least excess: load only adds bytes (more ACKs and
+    smaller segments on a busy machine; CI saw one step 6 % over), never removes them, so the least step is the
+    one held to the header tolerance. Every step must still carry at least the expected bytes."""
+    excess = []
+    for step in range(STEPS):
+        r = rows[(strategy, step)]
+        assert r["wire_bytes"] >= expected(r), r
+        excess.append(r["wire_bytes"] / expected(r))
+    return min(excess)
 
 
 def test_ddp_all_reduce_on_the_wire_is_the_ring_count_plus_headers(rows):
-    for step in (0, 1):
-        r = rows[("NO_SHARD", step)]
-        assert r["counted_bytes"] <= r["wire_bytes"] <= 1.03 * r["counted_bytes"], r
+    assert least_excess(rows, "NO_SHARD", lambda r: r["counted_bytes"]) <= 1.03
 
 
 def test_gloos_reduce_scatter_sends_an_all_reduces_bytes(rows):
-    for step in (0, 1):
+    for step in range(STEPS):
         r = rows[("FULL_SHARD", step)]
-        rs = r["counted_by_collective"]["reduce_scatter"]
         assert r["wire_bytes"] > 1.2 * r["counted_bytes"], r  # the ring count misses a whole pass
-        assert r["counted_bytes"] + rs <= r["wire_bytes"] <= 1.03 * (r["counted_bytes"] + rs), r
+    two_passes = lambda r: r["counted_bytes"] + r["counted_by_collective"]["reduce_scatter"]  # noqa: E731
+    assert least_excess(rows, "FULL_SHARD", two_passes) <= 1.03
 
 
 @pytest.fixture(scope="module")
