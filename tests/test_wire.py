@@ -62,13 +62,13 @@ def test_gloos_reduce_scatter_sends_an_all_reduces_bytes(rows):
 @pytest.fixture(scope="module")
 def accumulation():
     """K = 1, 2, 4 micro-batches per optimizer step, with and without no_sync, FSDP and DDP, fsdp_lab's and torch's
-    (one launch; each table row is the least of two steps)."""
+    (one launch; each table row is the least of STEPS steps: load only adds bytes)."""
     problem = isolation_problem()
     if problem:
         pytest.skip(problem)
     from fsdp_lab.lessons.experiments.wire import accumulation_table, measure_wire_bytes
-    rows = measure_wire_bytes(("FULL_SHARD", "NO_SHARD", "torch_fsdp2", "torch_ddp"), steps=2, micro_batches=(1, 2, 4),
-                              no_sync=(True, False))
+    rows = measure_wire_bytes(("FULL_SHARD", "NO_SHARD", "torch_fsdp2", "torch_ddp"), steps=STEPS,
+                              micro_batches=(1, 2, 4), no_sync=(True, False))
     torch_rows = accumulation_table(rows, fsdp="torch_fsdp2", ddp="torch_ddp")
     return {**{(t["micro_batches"], t["no_sync"]): t for t in accumulation_table(rows)},
             **{("torch", t["micro_batches"], t["no_sync"]): t for t in torch_rows}}
