@@ -196,7 +196,7 @@ class FlatParam(UnshardedViews):
         if not self.is_full_allocated():
             self.hide_freed_views()
             return
-        for slot, view in zip(self.slots, self.views()):
+        for slot, view in zip(self.slots, self.unsharded_views()):
             for module, attr, _name in slot.aliases:
                 # A plain instance attribute (the name left module._parameters at wrap time); writing the
                 # instance dict skips nn.Module.__setattr__'s checks, which run for every parameter every step.

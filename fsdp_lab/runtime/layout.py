@@ -92,10 +92,30 @@ class UnshardedViews:
         if not self.persistent_full:
             self.full.untyped_storage().resize_(0)
 
+    # [Note: views made once] The views of `full` that the module's attributes point at are made once and kept:
+    # `full` keeps its storage object across frees (resized to 0 and back in place), so a view cut from it stays
+    # valid, and torch FSDP2 likewise makes its unsharded parameters once. Their autograd nodes (split, view) save
+    # no tensors, so one node serves every backward. They are cut with grad mode on and outside inference mode,
+    # so a view first made in an eval forward still carries gradients in the next training step. They are cut
+    # again when `full` is replaced, gets other storage (`.data =`) or is written in place where autograd sees it
+    # (a replicated strategy's `full` is the master the optimizer steps): autograd refuses a view cut by one split
+    # whose base was modified since. The gathers write through `full.data`, which has its own version counter.
+    _views_cache: Optional[tuple] = None
+
+    def unsharded_views(self) -> list:
+        """views(), made once per storage of `full` ([Note: views made once])."""
+        full = self.full
+        key = (id(full), full.untyped_storage()._cdata, full._version, full.dtype, full.requires_grad)
+        cache = self._views_cache
+        if cache is None or cache[0] != key:
+            with torch.inference_mode(False), torch.enable_grad():
+                cache = self._views_cache = (key, self.views())
+        return cache[1]
+
     def install_views(self) -> None:
         """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
         if self.is_full_allocated():
-            views = self.views()
+            views = self.unsharded_views()
         else:
             views = [self.full.detach().new_empty(0)] * len(self.slots)
         for slot, view in zip(self.slots, views):

@@ -67,20 +67,30 @@ class ShardedParam:
         return module._parameters[attr]
 
 
-def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement) -> nn.Parameter:
+def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement,
+                    into: torch.Tensor | None = None) -> nn.Parameter:
     """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
     its placement's home ([Note: host and device] in fsdp_lab/runtime/offload.py): rank and world size of the
-    mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other."""
+    mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other. `into`: the block's place in
+    the group's master buffer ([Note: one master buffer]), which becomes the local tensor."""
     rows = math.ceil(param.shape[0] / world_size)
     start = min(rank * rows, param.shape[0])
     local = param.detach()[start:start + rows]
-    if local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
+    if into is not None:
+        local = into.view(local.shape).copy_(local)
+    elif local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
         local = placement.to_home(local, pin=True)
     elif local.device.type != "meta":
         local = local.to(placement.compute_device).clone()
     dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
                                  stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
+
+
+def _local_rows(dim0: int, rank: int, world_size: int) -> int:
+    """Rows of a dim-0 block rank `rank` holds ([Note: per-parameter shards])."""
+    rows = math.ceil(dim0 / world_size)
+    return max(0, min(dim0, (rank + 1) * rows) - rank * rows)
 
 
 class ParamGroup(UnshardedViews):
@@ -101,7 +111,14 @@ class ParamGroup(UnshardedViews):
             if param.dim() == 0:
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
-            sharded = shard_parameter(param, mesh, self.rank, n, self.placement)
+        held_numels = [_local_rows(p.shape[0], self.rank, n) * p.shape[1:].numel() for p, _a in entries]
+        self._master = self._master_views = None  # [Note: one master buffer]
+        if (not self.placement.offloaded and len({p.dtype for p, _a in entries}) == 1
+                and all(p.device.type != "meta" for p, _a in entries)):
+            self._master = torch.empty(sum(held_numels), dtype=entries[0][0].dtype, device=device)
+        pieces = torch.split(self._master, held_numels) if self._master is not None else [None] * len(entries)
+        for (param, aliases), piece in zip(entries, pieces):
+            sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece)
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
             rows = math.ceil(param.shape[0] / n)
@@ -124,6 +141,13 @@ class ParamGroup(UnshardedViews):
             if s.shard_numel > held:
                 self._send_sizes.append(s.shard_numel - held)
         self._local_shapes = [(s.local_rows, *s.shape[1:]) for s in slots]
+        if self._master is not None:  # the local tensors as made; copy-in checks they still are
+            self._master_views = [(t, t.data_ptr()) for t in (s.registered()._local_tensor for s in self._held)]
+        # Copy-in is one copy of the master when no padding lies between its blocks in the send buffer.
+        self._master_is_send_layout = all(s.shard_numel == s.local_rows * s.row_numel for s in slots)
+        picks = iter(self._send_picks)  # per parameter: (slot, local shape, its piece of the split, or None)
+        self._grad_plan = [(s, shape, next(picks) if s.local_rows else None)
+                           for s, shape in zip(slots, self._local_shapes)]
         self._shard_sizes = [s.shard_numel for s in slots]
         self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
@@ -145,6 +169,11 @@ class ParamGroup(UnshardedViews):
         size 1 the send buffer is `full` itself (the all-gather then has nothing to copy). Offloaded blocks are
         copied to the compute device from the host by the same foreach copy."""
         self._retie()
+        if self._master_is_send_layout and self._master_intact():  # [Note: one master buffer]
+            send = self.full.data if self.world_size == 1 else torch.empty(
+                self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
+            torch._foreach_copy_([send], [self._master])
+            return send
         if self.world_size == 1:
             send = self.full.data
             targets = self._targets(send)
@@ -162,6 +191,24 @@ class ParamGroup(UnshardedViews):
     # at world size 1, copy-out's otherwise). Those are cut from `full.data`, which autograd does not track, and
     # stay valid across frees: the same storage is resized to 0 and back in place.
     # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
+    # [Note: one master buffer] When fully_shard builds the shards on a real device (not meta, not offloaded),
+    # the local tensors of one group are views of one buffer, this rank's blocks end to end (torch FSDP2 gives
+    # each parameter a padded buffer of its own). Copy-in is then one copy, with the cast, of that buffer instead
+    # of one per parameter, wherever the send buffer has no padding between blocks: always at world size 1, and
+    # whenever every dim 0 divides by N. Whatever replaces a local tensor or its storage (to_empty,
+    # load_state_dict(assign=True), `.data =`) ends that, and copy-in goes back to one piece per parameter:
+    # nothing is copied back into the buffer behind the user's back.
+    def _master_intact(self) -> bool:
+        views = self._master_views
+        if views is None:
+            return False
+        for slot, (view, ptr) in zip(self._held, views):
+            local = slot.registered()._local_tensor
+            if local is not view or local.data_ptr() != ptr:
+                self._master_views = None
+                return False
+        return True
+
     def _sources(self) -> list[torch.Tensor]:
         tensors = [slot.registered()._local_tensor for slot in self._held]
         cache = self._sources_cache
@@ -260,10 +307,10 @@ class ParamGroup(UnshardedViews):
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
         parts = torch.split(out, self._send_sizes)  # the send buffer's layout: (held rows, padding) per parameter
-        held = iter(self._send_picks)
-        for slot, shape in zip(self.slots, self._local_shapes):
-            local = parts[next(held)].view(shape) if slot.local_rows else out[:0].view(shape)
-            param = slot.registered()
+        for slot, shape, pick in self._grad_plan:
+            local = parts[pick].view(shape) if pick is not None else out[:0].view(shape)
+            module, attr, _name = slot.aliases[0]
+            param = module._parameters[attr]
             grad = param.grad
             if grad is None:
                 # DTensor's own constructor with the parameter's spec: from_local would redo the checks and

@@ -1,0 +1,100 @@
+"""Rank function for tests/test_gather_paths.py: fsdp_lab's fully_shard beside torch's on one small model whose
+blocks have dims that divide by the world size and a head that does not, so one launch runs both copy-in paths
+([Note: one master buffer] in fsdp_lab/runtime/param_group.py) and the views made once ([Note: views made once]
+in fsdp_lab/runtime/layout.py) through training, evaluation forwards and a swapped local tensor."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+D, OUT, BATCH = 8, 9, 8  # 8 rows divide by 2 and 4; the head's 9 rows do not
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.fc = nn.Linear(D, D)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(self.norm(x)))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(D, OUT)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _groups(model):
+    from fsdp_lab.runtime.observed import units_of
+
+    return {unit.name: unit.flats[0] for unit in units_of(model)}
+
+
+def run(rank: int, world_size: int, lib: str) -> dict:
+    if lib == "torch":
+        from torch.distributed.fsdp import fully_shard
+    else:
+        from fsdp_lab import fully_shard
+    torch.manual_seed(0)
+    model = Net()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+    seen_weights = []  # the object the block's attribute is during each training forward
+    model.blocks[0].fc.register_forward_pre_hook(lambda m, args: seen_weights.append(m.weight)
+                                                 if torch.is_grad_enabled() else None)
+    gen = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(BATCH * world_size, D, generator=gen), torch.randn(BATCH * world_size, OUT, generator=gen))
+               for _ in range(6)]
+    out = {"losses": [], "evals": []}
+
+    def step(i):
+        x, y = (t.chunk(world_size)[rank] for t in batches[i])
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        out["losses"].append(total.item() / world_size)
+
+    def evaluate():
+        x, _y = batches[0]
+        with torch.no_grad():
+            out["evals"].append(model(x.chunk(world_size)[rank]).sum().item())
+        with torch.inference_mode():
+            out["evals"].append(model(x.chunk(world_size)[rank]).sum().item())
+
+    for i in range(2):
+        step(i)
+    if lib == "fsdp_lab":
+        groups = _groups(model)
+        out["fast_before"] = {name: g._master_is_send_layout and g._master_intact() for name, g in groups.items()}
+        g = groups["blocks.0"]
+        out["locals_share_one_buffer"] = len({t.untyped_storage().data_ptr() for t in g.local_shards()}) == 1
+    evaluate()  # the views first made under grad mode serve no_grad and inference_mode forwards unchanged
+    step(2)
+    # Give one block new parameters (load_state_dict(assign=True) replaces them): copy-in must notice
+    block = model.blocks[1]
+    block.load_state_dict({k: v.detach().clone() for k, v in block.state_dict().items()}, assign=True)
+    for i in range(3, 6):
+        step(i)
+    evaluate()
+    if lib == "fsdp_lab":
+        out["fast_after"] = {name: g._master_is_send_layout and g._master_intact() for name, g in _groups(model).items()}
+    out["same_view_each_step"] = all(w is seen_weights[0] for w in seen_weights)
+    out["forwards_seen"] = len(seen_weights)
+    model.reshard()  # the root keeps its parameters unsharded after forward; torch's then registers those
+    out["params"] = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    out["rank"] = rank
+    return out
