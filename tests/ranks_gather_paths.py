@@ -1,7 +1,8 @@
 """Rank function for tests/test_gather_paths.py: fsdp_lab's fully_shard beside torch's on one small model whose
 blocks have dims that divide by the world size and a head that does not, so one launch runs both copy-in paths
-([Note: one master buffer] in fsdp_lab/runtime/param_group.py) and the views made once ([Note: views made once]
-in fsdp_lab/runtime/layout.py) through training, evaluation forwards and a swapped local tensor."""
+([Note: one master buffer] in fsdp_lab/runtime/param_group.py) and the views cut once per forward ([Note: views
+cut once per forward] in fsdp_lab/runtime/layout.py) through training, evaluation forwards and swapped
+parameters."""
 from __future__ import annotations
 
 import torch
@@ -50,9 +51,10 @@ def run(rank: int, world_size: int, lib: str) -> dict:
         fully_shard(block)
     fully_shard(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
-    seen_weights = []  # the object the block's attribute is during each training forward
-    model.blocks[0].fc.register_forward_pre_hook(lambda m, args: seen_weights.append(m.weight)
-                                                 if torch.is_grad_enabled() else None)
+    forward_views, backward_views = [], []  # what the block's attribute is in each training forward, backward
+    fc = model.blocks[0].fc
+    fc.register_forward_pre_hook(lambda m, args: forward_views.append(m.weight) if torch.is_grad_enabled() else None)
+    fc.register_full_backward_pre_hook(lambda m, grad: backward_views.append(m.weight))
     gen = torch.Generator().manual_seed(1)
     batches = [(torch.randn(BATCH * world_size, D, generator=gen), torch.randn(BATCH * world_size, OUT, generator=gen))
                for _ in range(6)]
@@ -92,8 +94,9 @@ def run(rank: int, world_size: int, lib: str) -> dict:
     evaluate()
     if lib == "fsdp_lab":
         out["fast_after"] = {name: g._master_is_send_layout and g._master_intact() for name, g in _groups(model).items()}
-    out["same_view_each_step"] = all(w is seen_weights[0] for w in seen_weights)
-    out["forwards_seen"] = len(seen_weights)
+    out["views"] = {"forwards": len(forward_views), "backwards": len(backward_views),
+                    "backward_reuses_forward": all(b is f for f, b in zip(forward_views, backward_views)),
+                    "fresh_each_forward": len({id(v) for v in forward_views}) == len(forward_views)}
     model.reshard()  # the root keeps its parameters unsharded after forward; torch's then registers those
     out["params"] = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
     out["rank"] = rank

@@ -90,13 +90,17 @@ def prefetch_trace(rank, world_size, forward_prefetch, backward_prefetch, limit=
     if limit is not None:
         model._ctx.max_gathers_in_flight = limit
     seen = []
-    unit1 = next(u for u in model.units if u.name == "blocks.1")
+    unit0, unit1 = (next(u for u in model.units if u.name == f"blocks.{i}") for i in (0, 1))
     base.blocks[0].mlp.register_forward_hook(lambda *_: seen.append(unit1.state.name))
+    # While block 1's MLP computes its gradients, what block 0's prefetched re-gather is ([Note: a prefetch on CPU])
+    in_flight = []
+    base.blocks[1].mlp.register_full_backward_pre_hook(lambda *_: in_flight.append(
+        [(type(p).__name__, getattr(p, "done", None)) for p in unit0._pending]))
     spy = Spy(model)
     model.set_tracer(spy)
     losses = _train(rank, world_size, model, base, steps=2)
     model.set_tracer(None)
-    return {"events": spy.events, "block1_during_block0": seen, "losses": losses,
+    return {"events": spy.events, "block1_during_block0": seen, "losses": losses, "block0_during_block1": in_flight,
             "max_in_flight": model._ctx.max_gathers_in_flight,
             "states_after": [u.state.name for u in model.units], "params": _full_params(model)}
 

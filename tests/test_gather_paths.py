@@ -1,6 +1,6 @@
 """The host-side short cuts of the gather path hold what they promise and change no number (tests/ranks_gather_paths.py):
 fully_shard's copy-in reads one master buffer where it can, and falls back to one piece per parameter when a local
-tensor is swapped; the unsharded views are made once and serve every later training and evaluation forward.
+tensor is swapped; each forward cuts the unsharded views once and its backward installs the same ones.
 fsdp_lab's losses, evaluation outputs and final parameters equal torch fully_shard's to float noise."""
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ def test_master_buffer_path_where_the_layout_allows_and_fallback_after_a_swap(wo
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_one_view_object_serves_every_training_forward(world_size):
+def test_each_forward_cuts_views_and_its_backward_reuses_them(world_size):
     for r in ranks("fsdp_lab", world_size):
-        assert r["forwards_seen"] == 6 and r["same_view_each_step"]
+        assert r["views"] == {"forwards": 6, "backwards": 6, "backward_reuses_forward": True,
+                              "fresh_each_forward": True}, r["views"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -65,6 +65,29 @@ def test_backward_pre_regathers_the_next_unit_before_this_one_reduces(pre_run):
     assert ev[start]["prefetch"] is True
 
 
+def test_a_prefetched_regather_on_cpu_is_a_collective_in_flight(pre_run, sync_run):
+    """[Note: a prefetch on CPU]: gloo runs the prefetched all-gather while block 1 computes its gradients; the
+    host has not waited for it. Without prefetch nothing is pending there (the gather waits at once)."""
+    assert pre_run["block0_during_block1"] == [[("PendingCollective", False)]] * 2, pre_run["block0_during_block1"]
+    assert sync_run["block0_during_block1"] == [[]] * 2, sync_run["block0_during_block1"]
+
+
+def test_a_failed_prefetched_gather_names_its_unit_at_the_wait():
+    from fsdp_lab.runtime.collectives import Collective, CollectiveFailed, PendingCollective
+
+    class DeadPeer:
+        def wait(self):
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+
+    copied = []
+    pending = PendingCollective(Collective("all_gather", 96, torch.bfloat16, 2), "blocks.0", DeadPeer(), keep=(),
+                                then=lambda: copied.append(True))
+    with pytest.raises(CollectiveFailed, match=r"all_gather of unit 'blocks.0' \(96 torch.bfloat16 elements, 2 "
+                                               r"ranks\) did not complete(.|\n)*Connection closed by peer"):
+        pending.wait()
+    assert not copied and pending.done  # no copy-out of a buffer that was never filled, and no second wait
+
+
 def test_backward_pre_follows_backward_order_from_the_root_to_the_last_block(pre_run):
     """The root starts forward first but its head is the first thing backward reaches; the next unit is the last
     block (the reverse of the order in which units *finish* forward)."""

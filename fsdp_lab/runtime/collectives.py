@@ -2,7 +2,9 @@
 
 Synchronous on purpose: the caller issues them inside a side stream (fsdp_lab/runtime/streams.py), so on CUDA a
 "synchronous" collective only orders that stream, never the host, and NCCL runs it there instead of queueing
-every collective on one internal stream. On CPU the same calls simply run. There are no work handles to carry.
+every collective on one internal stream. On CPU the same calls simply run. The one exception is a gather issued
+ahead of its unit on CPU (`start_all_gather_flat`, [Note: a prefetch on CPU] in streams.py): without streams
+it can only overlap compute if the host does not wait, so it returns a `PendingCollective` to wait for later.
 
 Each returns a `Collective` saying what it moved (kind, element count, dtype, world size, and the group it ran in:
 "shard" or "replicate" with its global ranks, so traffic inside and across nodes can be told apart), which the
@@ -45,9 +47,10 @@ class CollectiveFailed(getattr(dist, "DistError", RuntimeError)):
     errors are, so code that catches those still does."""
 
 
-def _issue(call: Collective, unit: str, collective, *args, **kwargs) -> None:
+def _issue(call: Collective, unit: str, collective, *args, **kwargs):
+    """Run `collective(*args, **kwargs)` (or a Work's wait), turning the backend's error into CollectiveFailed."""
     try:
-        collective(*args, **kwargs)
+        return collective(*args, **kwargs)
     except torch.OutOfMemoryError:
         raise  # a loop that catches OOM must still see one
     except RuntimeError as err:
@@ -79,12 +82,44 @@ def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
     return float(pre), world_size / pre
 
 
+class PendingCollective:
+    """A collective issued with async_op=True, as a CPU prefetch issues its all-gather ([Note: a prefetch on
+    CPU] in fsdp_lab/runtime/streams.py): `wait()` blocks until it is done (a failure raises CollectiveFailed
+    then), then runs `then` (the copy-out). It keeps the tensors the backend reads and writes alive until then."""
+
+    def __init__(self, call: Collective, unit: str, work, keep: tuple, then=None):
+        self.call, self.unit, self._work, self._keep, self.then = call, unit, work, keep, then
+
+    @property
+    def done(self) -> bool:
+        return self._work is None
+
+    def wait(self) -> None:
+        if self._work is None:
+            return
+        work, self._work = self._work, None
+        _issue(self.call, self.unit, work.wait)
+        self._keep = ()
+        if self.then is not None:
+            then, self.then = self.then, None
+            then()
+
+
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
                     unit: str = "", group: tuple = ("shard", ())) -> Collective:
     """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`, except at
     world size 1, where it may be `output`'s memory itself (a layout that packed it there): then nothing moves.
     `unit` names the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the
     trace."""
+    call, _ = start_all_gather_flat(output, shard, pg, world_size, unit, group, async_op=False)
+    return call
+
+
+def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int, unit: str = "",
+                          group: tuple = ("shard", ()), async_op: bool = True
+                          ) -> tuple[Collective, "PendingCollective | None"]:
+    """all_gather_flat, issued and not waited for (async_op=True and world size > 1): `output` is filled once
+    the returned PendingCollective is waited for (None: it already is)."""
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
@@ -92,10 +127,12 @@ def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: i
     if world_size == 1:
         if shard.data_ptr() != output.data_ptr() or shard.dtype != output.dtype:
             output.copy_(shard)  # copy_ casts as it copies
-    else:
-        _issue(call, unit, _all_gather, output, shard if shard.dtype == output.dtype else shard.to(output.dtype),
-               group=pg)
-    return call
+        return call, None
+    send = shard if shard.dtype == output.dtype else shard.to(output.dtype)
+    work = _issue(call, unit, _all_gather, output, send, group=pg, async_op=async_op)
+    if not async_op:
+        return call, None
+    return call, PendingCollective(call, unit, work, keep=(output, send))
 
 
 def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,

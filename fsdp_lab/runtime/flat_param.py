@@ -170,19 +170,20 @@ class FlatParam(UnshardedViews):
 
     # -- original parameters as views ----------------------------------------------------------------------
     def views(self) -> list[torch.Tensor]:
-        """Views of `full` for each slot, tracked by autograd when grad is enabled (gradients flow to `full`)."""
-        sizes, picks, end = [], [], 0
-        for s in self.slots:
-            if s.offset > end:  # an alignment gap
-                sizes.append(s.offset - end)
-            picks.append(len(sizes))
-            sizes.append(s.numel)
-            end = s.offset + s.numel
-        if self.padded_numel > end:
-            sizes.append(self.padded_numel - end)
-        # One split (not one slice per parameter): backward then builds the flat gradient with a single cat.
-        parts = torch.split(self.full, sizes)
-        return [parts[i].view(s.shape) for i, s in zip(picks, self.slots)]
+        """Views of `full` for each slot, tracked by autograd when grad is enabled (gradients flow to `full`).
+        One split (not one slice per parameter): backward then builds the flat gradient with a single cat."""
+        if self._view_plan is None:
+            sizes, picks, end = [], [], 0
+            for s in self.slots:
+                if s.offset > end:  # an alignment gap
+                    sizes.append(s.offset - end)
+                picks.append(len(sizes))
+                sizes.append(s.numel)
+                end = s.offset + s.numel
+            if self.padded_numel > end:
+                sizes.append(self.padded_numel - end)
+            self._view_plan = (sizes, picks, [s.shape for s in self.slots])
+        return self._split_views(*self._view_plan)
 
     @property
     def views_dropped_when_freed(self) -> bool:
@@ -190,13 +191,13 @@ class FlatParam(UnshardedViews):
         so they must be installed again before the next compute."""
         return not self.persistent_full
 
-    def install_views(self) -> None:
+    def install_views(self, reuse: bool = False) -> None:
         """Point every original attribute at its view of `full`; while `full` is freed, at what stands in for it
-        then ([Note: an attribute while sharded])."""
+        then ([Note: an attribute while sharded]). reuse: as in UnshardedViews.install_views."""
         if not self.is_full_allocated():
             self.hide_freed_views()
             return
-        for slot, view in zip(self.slots, self.unsharded_views()):
+        for slot, view in zip(self.slots, self.unsharded_views(reuse)):
             for module, attr, _name in slot.aliases:
                 # A plain instance attribute (the name left module._parameters at wrap time); writing the
                 # instance dict skips nn.Module.__setattr__'s checks, which run for every parameter every step.

@@ -51,7 +51,7 @@ class ShardLayout(Protocol):
     # the module's attributes
     @property
     def views_dropped_when_freed(self) -> bool: ...
-    def install_views(self) -> None: ...
+    def install_views(self, reuse: bool = False) -> None: ...
     def uninstall_views(self) -> None: ...
 
     # gather: copy-in → all_gather_flat(output, input) → copy-out
@@ -92,30 +92,40 @@ class UnshardedViews:
         if not self.persistent_full:
             self.full.untyped_storage().resize_(0)
 
-    # [Note: views made once] The views of `full` that the module's attributes point at are made once and kept:
-    # `full` keeps its storage object across frees (resized to 0 and back in place), so a view cut from it stays
-    # valid, and torch FSDP2 likewise makes its unsharded parameters once. Their autograd nodes (split, view) save
-    # no tensors, so one node serves every backward. They are cut with grad mode on and outside inference mode,
-    # so a view first made in an eval forward still carries gradients in the next training step. They are cut
-    # again when `full` is replaced, gets other storage (`.data =`) or is written in place where autograd sees it
-    # (a replicated strategy's `full` is the master the optimizer steps): autograd refuses a view cut by one split
-    # whose base was modified since. The gathers write through `full.data`, which has its own version counter.
+    # [Note: views cut once per forward] A forward cuts fresh views of `full` for the module's attributes, and the
+    # backward of the same iteration installs those same views again rather than cutting new ones (only a
+    # recomputing forward reads them there; the graph already holds the forward's). Fresh per forward, not kept
+    # across iterations: autograd runs ready nodes newest first, and a split node kept from an earlier step would
+    # be older than everything else in the graph, so the gradient of `full` (and with it the unit's
+    # reduce-scatter) would wait until the very end of backward. The cut itself is one split_with_sizes over
+    # sizes worked out once. Reused only while `full` is the same tensor, with the same storage and an unchanged
+    # version: a replicated strategy's `full` is the master the optimizer steps in place, and autograd refuses a
+    # view cut by one split whose base was modified since. Views are cut with grad mode on and outside inference
+    # mode, so a recomputing forward can backpropagate through them whatever mode the forward ran in.
     _views_cache: Optional[tuple] = None
+    _view_plan: Optional[tuple] = None  # (split sizes, which piece each slot is, each slot's shape): set by views()
 
-    def unsharded_views(self) -> list:
-        """views(), made once per storage of `full` ([Note: views made once])."""
+    def unsharded_views(self, reuse: bool = False) -> list:
+        """views(); reuse=True: the views the last call cut, while still valid ([Note: views cut once per
+        forward])."""
         full = self.full
         key = (id(full), full.untyped_storage()._cdata, full._version, full.dtype, full.requires_grad)
         cache = self._views_cache
-        if cache is None or cache[0] != key:
+        if not reuse or cache is None or cache[0] != key:
             with torch.inference_mode(False), torch.enable_grad():
                 cache = self._views_cache = (key, self.views())
         return cache[1]
 
-    def install_views(self) -> None:
-        """Point every original attribute at its view of `full`; while freed, at an empty placeholder."""
+    def _split_views(self, sizes: list, picks: list, shapes: list) -> list[torch.Tensor]:
+        """The views of `full` a layout's views() returns: split by `sizes`, piece picks[i] viewed as shapes[i]."""
+        parts = torch.split_with_sizes(self.full, sizes)
+        return [parts[i].view(shape) for i, shape in zip(picks, shapes)]
+
+    def install_views(self, reuse: bool = False) -> None:
+        """Point every original attribute at its view of `full`; while freed, at an empty placeholder.
+        reuse=True (a unit's backward): the views its forward installed ([Note: views cut once per forward])."""
         if self.is_full_allocated():
-            views = self.unsharded_views()
+            views = self.unsharded_views(reuse)
         else:
             views = [self.full.detach().new_empty(0)] * len(self.slots)
         for slot, view in zip(self.slots, views):

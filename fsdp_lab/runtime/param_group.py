@@ -277,14 +277,15 @@ class ParamGroup(UnshardedViews):
 
     def views(self) -> list[torch.Tensor]:
         """Each parameter's unsharded tensor: the first d0 rows of its part of `full` (tracked by autograd)."""
-        sizes, picks = [], []
-        for slot, padded in zip(self.slots, self._padded_sizes):
-            picks.append(len(sizes))
-            sizes.append(slot.numel)
-            if padded > slot.numel:
-                sizes.append(padded - slot.numel)
-        parts = torch.split(self.full, sizes)
-        return [parts[i].view(s.shape) for i, s in zip(picks, self.slots)]
+        if self._view_plan is None:
+            sizes, picks = [], []
+            for slot, padded in zip(self.slots, self._padded_sizes):
+                picks.append(len(sizes))
+                sizes.append(slot.numel)
+                if padded > slot.numel:
+                    sizes.append(padded - slot.numel)
+            self._view_plan = (sizes, picks, [s.shape for s in self.slots])
+        return self._split_views(*self._view_plan)
 
     @property
     def views_dropped_when_freed(self) -> bool:

@@ -25,8 +25,9 @@ reduce stream waits for everything queued on the compute stream before each redu
 still being produced there. The compute stream waits for a gather's event right before the unit computes and for
 every reduce's event at the end of backward. Every wait names the stream that waits (`event.wait(stream)`,
 `stream.wait_stream(other)`): a bare `event.wait()` would order whatever stream is current on whatever device is
-current. On CPU there are no streams: `CommStreams` is null, every event is None, and the very same functions
-run, so CI exercises the code path a GPU takes.
+current. On CPU there are no streams: `CommStreams` is null, every event is None (a prefetched gather's is the
+collective in flight, [Note: a prefetch on CPU]), and the very same functions run, so CI exercises the code path
+a GPU takes.
 
 [Note: memory across streams] The caching allocator gives a freed block to the next allocation *on the stream
 that allocated it*, without looking at other streams. Four rules keep that safe here:
@@ -76,7 +77,8 @@ from typing import Any, Optional
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
-from fsdp_lab.runtime.collectives import Collective, all_gather_flat, all_reduce_mean, reduce_scatter_mean
+from fsdp_lab.runtime.collectives import (Collective, PendingCollective, all_gather_flat, all_reduce_mean,
+                                          reduce_scatter_mean, start_all_gather_flat)
 from fsdp_lab.runtime.strategy import ShardingStrategy
 
 
@@ -147,8 +149,11 @@ class CommStreams:
         return streams[name].record_event()
 
     def compute_waits(self, event) -> None:
-        """The compute stream (named: never whatever stream is current) waits for a side stream's event."""
-        if event is not None:
+        """The compute stream (named: never whatever stream is current) waits for a side stream's event; on CPU
+        the host waits for a collective issued without waiting ([Note: a prefetch on CPU])."""
+        if isinstance(event, PendingCollective):
+            event.wait()
+        elif event is not None:
             event.wait(self.compute_stream())
 
     def gather_waits(self, event) -> None:
@@ -266,10 +271,19 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
                            flat.unit_name, ctx.shard_tag)
 
 
-def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]:
+# [Note: a prefetch on CPU] On CPU there are no streams, so a collective can only overlap compute if the host
+# does not wait for it. A gather issued ahead of its unit (forward_prefetch, backward prefetch, unshard(async_op=
+# True)) is therefore issued with async_op=True: gloo runs it on its own thread while this one computes, and the
+# unit waits for it (then copies out) where a GPU's compute stream would wait for the gather's event, right
+# before the unit computes (Unit.wait_gathered). Nothing else changes: the unsharded buffer is allocated when the
+# gather is issued, as on a GPU, so memory reports and the trace (gather_start at the issue, gather_end at the
+# wait) read as before. A gather that is waited for at once, every reduce-scatter and every all-reduce stay
+# synchronous. A failure shows at the wait, as CollectiveFailed naming the unit.
+def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, Optional[Collective]]:
     """Issue one flat's gather into its unsharded buffer on the gather stream; with `group`, from the shards kept
     after forward, within that group (fsdp_lab/runtime/post_forward.py). Returns (event, what moved): the
-    buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`)."""
+    buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`). ahead=True: a
+    prefetch, which on CPU is not waited for here ([Note: a prefetch on CPU])."""
     strategy, streams = ctx.strategy, ctx.streams
     with torch.no_grad(), streams.side("gather"):
         full = None
@@ -290,9 +304,22 @@ def gather_flat_param(ctx, flat, group=None) -> tuple[Any, Optional[Collective]]
         else:  # the layout's copy-in (casting to the compute dtype: a bf16 policy sends bf16), the all-gather,
             # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py)
             output = flat.gather_output(full)
-            comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name, ctx.shard_tag)
+            if ahead and not streams.enabled:
+                comm, pending = start_all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size,
+                                                      flat.unit_name, ctx.shard_tag)
+                if pending is not None:
+                    pending.then = lambda: _copy_out(flat, output, full)
+                    return pending, comm
+            else:
+                comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name,
+                                       ctx.shard_tag)
             flat.copy_out(output, full)
         return streams.record("gather"), comm
+
+
+def _copy_out(flat, output: torch.Tensor, full: torch.Tensor) -> None:
+    with torch.no_grad():
+        flat.copy_out(output, full)
 
 
 # -- reduce ----------------------------------------------------------------------------------------------------

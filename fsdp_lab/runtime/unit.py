@@ -17,11 +17,13 @@ computes unit i (torch's implicit forward prefetching). A gather is issued (stat
 unit's compute is queued: forward_prefetch in pre_forward, BACKWARD_PRE (the default) when a unit's backward
 starts, BACKWARD_POST once its gradients are reduced and it is freed. At most ctx.max_gathers_in_flight gathers
 are issued and not yet waited for; limit_all_gathers also bounds the unsharded buffers still allocated, as
-torch's rate limiter does (at most one freed buffer is held when a new one is allocated: streams.FreeQueue). The copy-in and the collective run on the gather stream and the
-reduce-scatter on the reduce stream; a freed buffer's storage is held until the gather stream has waited for its
-readers (fsdp_lab/runtime/streams.py explains the ordering and the memory rules). On CPU the same code runs with
-null streams and every collective is synchronous, so nothing overlaps there: the order of issue is what shows.
-Reductions are waited for at the latest by the root's end-of-backward callback.
+torch's rate limiter does (at most one freed buffer is held when a new one is allocated: streams.FreeQueue).
+The copy-in and the collective run on the gather stream and the reduce-scatter on the reduce stream; a freed
+buffer's storage is held until the gather stream has waited for its readers (fsdp_lab/runtime/streams.py
+explains the ordering and the memory rules). On CPU the same code runs with null streams: a gather issued early
+runs on gloo's thread until the unit waits for it ([Note: a prefetch on CPU] in streams.py), every other
+collective completes before its call returns. Reductions are waited for at the latest by the root's
+end-of-backward callback.
 """
 from __future__ import annotations
 
@@ -138,7 +140,7 @@ class Unit:
         calls = []
         with label(f"fsdp_lab::{event} {self.name}"):
             for flat in self.flats:
-                gathered, comm = gather_flat_param(self.ctx, flat, group)
+                gathered, comm = gather_flat_param(self.ctx, flat, group, ahead=not wait)
                 self._pending.append(gathered)
                 if comm is not None:
                     calls.append(comm)
@@ -272,7 +274,7 @@ class Unit:
             with torch.enable_grad():
                 for flat in self.flats:
                     if flat.views_dropped_when_freed:
-                        flat.install_views()
+                        flat.install_views(reuse=True)  # [Note: views cut once per forward] in layout.py
             self.ctx.emit("backward_start", self.name, "backward")
             self._prefetch_all(self.backward_prefetch_units, -1,
                                self.ctx.backward_prefetch is BackwardPrefetch.BACKWARD_PRE, "backward")

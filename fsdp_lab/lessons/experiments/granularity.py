@@ -6,9 +6,8 @@ parameters at any event (the peak "on the table") and how many collectives one s
 also the training loop of the engineering and misconceptions experiments: it adds prefetch and
 activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. Runs take torch's defaults
 (backward_prefetch=BACKWARD_PRE, forward_prefetch=False). With explicit prefetch a unit's gather is issued one
-unit early and waited on when the unit needs its parameters; on a GPU it runs on its own stream meanwhile, while
-on CPU ranks it has already finished when the call returns (collectives are synchronous,
-fsdp_lab/runtime/collectives.py), so there the trace shows the order of issue and use, not an overlap.
+unit early and waited on when the unit needs its parameters; meanwhile it runs on its own stream on a GPU, and
+on gloo's thread on CPU ranks ([Note: a prefetch on CPU] in fsdp_lab/runtime/streams.py).
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
