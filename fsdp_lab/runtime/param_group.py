@@ -167,7 +167,8 @@ class ParamGroup(UnshardedViews):
     def copy_in(self) -> torch.Tensor:
         """This rank's blocks, cast to the compute dtype, end to end in one send buffer of S elements. At world
         size 1 the send buffer is `full` itself (the all-gather then has nothing to copy). Offloaded blocks are
-        copied to the compute device from the host by the same foreach copy."""
+        copied to the compute device from the host by the same foreach copy. One copy of the group's master
+        buffer where the layout allows ([Note: one master buffer])."""
         self._retie()
         if self._master_is_send_layout and self._master_intact():  # [Note: one master buffer]
             send = self.full.data if self.world_size == 1 else torch.empty(
@@ -184,13 +185,6 @@ class ParamGroup(UnshardedViews):
         torch._foreach_copy_(targets, self._sources())
         return send
 
-    # [Note: copy-in without per-step views] A gather runs twice per step per group, so what copy-in reads and
-    # writes is kept rather than cut again each time: the flattened local tensors of the held parameters (made
-    # again when a registered parameter, its local tensor or that tensor's storage is replaced: to_empty,
-    # load_state_dict(assign=True), `.data =`), and the per-parameter pieces of `full` the gather writes (copy-in's
-    # at world size 1, copy-out's otherwise). Those are cut from `full.data`, which autograd does not track, and
-    # stay valid across frees: the same storage is resized to 0 and back in place.
-    # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
     # [Note: one master buffer] When fully_shard builds the shards on a real device (not meta, not offloaded),
     # the local tensors of one group are views of one buffer, this rank's blocks end to end (torch FSDP2 gives
     # each parameter a padded buffer of its own). Copy-in is then one copy, with the cast, of that buffer instead
@@ -209,6 +203,13 @@ class ParamGroup(UnshardedViews):
                 return False
         return True
 
+    # [Note: copy-in without per-step views] A gather runs twice per step per group, so what copy-in reads and
+    # writes is kept rather than cut again each time: the flattened local tensors of the held parameters (made
+    # again when a registered parameter, its local tensor or that tensor's storage is replaced: to_empty,
+    # load_state_dict(assign=True), `.data =`), and the per-parameter pieces of `full` the gather writes (copy-in's
+    # at world size 1, copy-out's otherwise). Those are cut from `full.data`, which autograd does not track, and
+    # stay valid across frees: the same storage is resized to 0 and back in place.
+    # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
     def _sources(self) -> list[torch.Tensor]:
         tensors = [slot.registered()._local_tensor for slot in self._held]
         cache = self._sources_cache
