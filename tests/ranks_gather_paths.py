@@ -81,7 +81,7 @@ def run(rank: int, world_size: int, lib: str) -> dict:
         step(i)
     if lib == "fsdp_lab":
         groups = _groups(model)
-        out["fast_before"] = {name: g._master_is_send_layout and g._master_intact() for name, g in groups.items()}
+        out["fast_before"] = {name: g.copies_master() for name, g in groups.items()}
         g = groups["blocks.0"]
         out["locals_share_one_buffer"] = len({t.untyped_storage().data_ptr() for t in g.local_shards()}) == 1
     evaluate()  # the views first made under grad mode serve no_grad and inference_mode forwards unchanged
@@ -93,7 +93,7 @@ def run(rank: int, world_size: int, lib: str) -> dict:
         step(i)
     evaluate()
     if lib == "fsdp_lab":
-        out["fast_after"] = {name: g._master_is_send_layout and g._master_intact() for name, g in _groups(model).items()}
+        out["fast_after"] = {name: g.copies_master() for name, g in _groups(model).items()}
     out["views"] = {"forwards": len(forward_views), "backwards": len(backward_views),
                     "backward_reuses_forward": all(b is f for f, b in zip(forward_views, backward_views)),
                     "fresh_each_forward": len({id(v) for v in forward_views}) == len(forward_views)}

@@ -112,7 +112,7 @@ class ParamGroup(UnshardedViews):
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
         held_numels = [_local_rows(p.shape[0], self.rank, n) * p.shape[1:].numel() for p, _a in entries]
-        self._master = self._master_views = None  # [Note: one master buffer]
+        self._master = None  # [Note: one master buffer]
         if (not self.placement.offloaded and len({p.dtype for p, _a in entries}) == 1
                 and all(p.device.type != "meta" for p, _a in entries)):
             self._master = torch.empty(sum(held_numels), dtype=entries[0][0].dtype, device=device)
@@ -141,8 +141,6 @@ class ParamGroup(UnshardedViews):
             if s.shard_numel > held:
                 self._send_sizes.append(s.shard_numel - held)
         self._local_shapes = [(s.local_rows, *s.shape[1:]) for s in slots]
-        if self._master is not None:  # the local tensors as made; copy-in checks they still are
-            self._master_views = [(t, t.data_ptr()) for t in (s.registered()._local_tensor for s in self._held)]
         # Copy-in is one copy of the master when no padding lies between its blocks in the send buffer.
         self._master_is_send_layout = all(s.shard_numel == s.local_rows * s.row_numel for s in slots)
         picks = iter(self._send_picks)  # per parameter: (slot, local shape, its piece of the split, or None)
@@ -150,6 +148,8 @@ class ParamGroup(UnshardedViews):
                            for s, shape in zip(slots, self._local_shapes)]
         self._shard_sizes = [s.shard_numel for s in slots]
         self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
+        # The sources as made, views of the master: while _sources() still returns this list, nothing replaced them
+        self._master_sources = self._sources() if self._master is not None else None
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
         self.full = torch.empty(n * self.shard_numel, dtype=compute_dtype, device=device)
         self.full.requires_grad_(requires_grad)
@@ -170,7 +170,7 @@ class ParamGroup(UnshardedViews):
         copied to the compute device from the host by the same foreach copy. One copy of the group's master
         buffer where the layout allows ([Note: one master buffer])."""
         self._retie()
-        if self._master_is_send_layout and self._master_intact():  # [Note: one master buffer]
+        if self.copies_master():
             send = self.full.data if self.world_size == 1 else torch.empty(
                 self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
             torch._foreach_copy_([send], [self._master])
@@ -192,16 +192,11 @@ class ParamGroup(UnshardedViews):
     # whenever every dim 0 divides by N. Whatever replaces a local tensor or its storage (to_empty,
     # load_state_dict(assign=True), `.data =`) ends that, and copy-in goes back to one piece per parameter:
     # nothing is copied back into the buffer behind the user's back.
-    def _master_intact(self) -> bool:
-        views = self._master_views
-        if views is None:
-            return False
-        for slot, (view, ptr) in zip(self._held, views):
-            local = slot.registered()._local_tensor
-            if local is not view or local.data_ptr() != ptr:
-                self._master_views = None
-                return False
-        return True
+    def copies_master(self) -> bool:
+        """Copy-in is one copy of the master buffer: no padding between blocks, and the local tensors are still
+        the views of it that fully_shard made (_sources() cuts a new list once any was replaced)."""
+        return self._master_is_send_layout and self._master_sources is not None and \
+            self._sources() is self._master_sources
 
     # [Note: copy-in without per-step views] A gather runs twice per step per group, so what copy-in reads and
     # writes is kept rather than cut again each time: the flattened local tensors of the held parameters (made
