@@ -47,3 +47,16 @@ def test_the_rank_count_has_one_spelling_everywhere():
         assert "--nproc-per-node" in flags, name
     demo = _subparsers()["demo"]
     assert demo.parse_args(["--world-size", "4"]).nproc_per_node == 4  # the old spelling, kept as an alias
+
+
+@pytest.mark.parametrize("argv", [["train", "--checkpoint-dir", ""], ["train", "--export", " "],
+                                  ["train", "--trace", ""], ["train", "--json-log", ""], ["train", "--resume", ""],
+                                  ["bench", "--json-out", ""], ["quiz", "--progress", ""], ["scores", ""],
+                                  ["scores", ".", "--csv", ""]])
+def test_an_empty_path_is_refused_before_anything_runs(capsys, argv):
+    """`--checkpoint-dir "$CKPT"` with CKPT unset trained to the end and saved nothing: an empty path flag is
+    an unset shell variable far more often than a wish, so every path flag refuses it at parse time."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert "expected a path, got" in capsys.readouterr().err

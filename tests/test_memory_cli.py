@@ -96,3 +96,35 @@ def test_runs_as_a_module():
                            "--gpu-mem", "80"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "112 GB" in done.stdout and "14 GB" in done.stdout
+
+
+
+@pytest.mark.parametrize("flag", ["--params", "--gpus", "--seq-len", "--micro-batch", "--vocab", "--layers"])
+def test_a_number_of_hundreds_of_digits_is_refused_by_name(capsys, flag):
+    """Python ints have no ceiling, and math.isfinite() of a 400-digit one raises OverflowError: every count is
+    refused above the planner's ceiling with one line naming it, never a traceback."""
+    try:
+        code = cli.main(["memory", flag, "1" + "0" * 400])
+    except SystemExit as exc:  # argparse's own refusal (--params is checked at parse time)
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and "OverflowError" not in err
+    name = flag.lstrip("-").replace("-", "_")
+    assert ("the parameter count must be at most 1e+18" if flag == "--params"
+            else f"{name} is too large to plan with (401 digits; at most 1e+18)") in err
+
+
+def test_huge_plans_keep_their_columns(capsys):
+    """At 1e18 parameters the numbers are 14 digits: every row still parses back into its five columns, and
+    the shape line prints Φ in plain scientific notation (it printed "1e+09e9")."""
+    code, out = run_memory(capsys, "--params", "1e18")
+    assert code == 0
+    header, *rows = out.split("Per GPU on N = 8:\n")[1].splitlines()[:5]
+    assert re.match(r"\s+stage\s+formula\s+state\s+\+ layer \+ activations\s+fits 80 GB\?$", header)
+    for row in rows:
+        fields = re.fullmatch(r"\s+(\S+)\s+(.+?)\s+([0-9.]+) GB\s+([0-9.]+) GB\s+(yes|no|state only)", row)
+        assert fields, row
+        assert float(fields.group(4)) >= float(fields.group(3)) > 1e9
+    assert "16000000000.00 GB" in out
+    assert "of Φ = 1e+18 sits in the blocks" in out and "e9 of Φ" not in out

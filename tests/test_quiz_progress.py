@@ -117,3 +117,26 @@ def test_two_bad_files_in_one_second_do_not_collide(tmp_path):
 def test_default_path_follows_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert ProgressStore().path == tmp_path / ".fsdp-lab" / "progress.json"
+
+
+@pytest.mark.parametrize("number, words", [("NaN", "NaN is not a number"), ("Infinity", "Infinity is not a number"),
+                                           ("-Infinity", "-Infinity is not a number"), ("1e400", "the number 1e400 is out of range")])
+def test_a_score_that_is_not_a_finite_number_never_reaches_the_csv(tmp_path, monkeypatch, capsys, number, words):
+    """Python's json reads NaN, Infinity and 1e400 (as inf), and JSON Schema's "number" lets them through:
+    the file is refused as it is read, and the class export skips it and says why."""
+    from fsdp_lab import cli
+
+    store = ProgressStore(tmp_path / "ok.json", clock=lambda: FIXED)
+    store.record(attempt(), "bo")
+    text = store.path.read_text(encoding="utf-8")
+    text = re.sub(r'"score": 4\.0', f'"score": {number}', text, count=1)
+    assert number in text
+    bad = tmp_path / "class" / "bo.json"
+    bad.parent.mkdir()
+    bad.write_text(text, encoding="utf-8")
+    with pytest.raises(ProgressFileError, match=re.escape(words)):
+        read_progress(bad)
+    assert cli.main(["scores", str(bad.parent)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[1:] == []  # the header row only: no row carries the bad number
+    assert f"skipped {bad}: not a progress file ({words}" in captured.err

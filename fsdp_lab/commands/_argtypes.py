@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def number(kind, low: float, what: str):
@@ -20,3 +21,17 @@ def number(kind, low: float, what: str):
 positive_int = number(int, 1, "a positive integer")
 count = number(int, 0, "an integer >= 0")
 positive_float = number(float, 0.0, "a positive number")
+
+
+def _nonempty(kind):
+    """An argparse type for a path flag: an empty value is refused, because it is almost always an unset shell
+    variable (`--checkpoint-dir "$CKPT"`), and Path("") would silently mean the current folder or nothing."""
+    def parse(text: str):
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"expected a path, got {text!r} (an unset shell variable?)")
+        return kind(text)
+    return parse
+
+
+path_text = _nonempty(str)
+path = _nonempty(Path)

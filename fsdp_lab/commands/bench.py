@@ -14,7 +14,7 @@ import json
 import re
 import sys
 
-from fsdp_lab.commands._argtypes import number, positive_float, positive_int
+from fsdp_lab.commands._argtypes import number, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_file_problem, replaced_file_problem
 
 NAME = "bench"
@@ -45,9 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--memory-only", action="store_true",
                    help="measure memory only (always so for CUDA over gloo: several ranks sharing one GPU)")
-    p.add_argument("--trace", default=None, metavar="PATH.json.gz",
+    p.add_argument("--trace", type=path_text, default=None, metavar="PATH.json.gz",
                    help="also write a profiler trace of one fsdp_lab step (Chrome trace, gzipped)")
-    p.add_argument("--json-out", default=None, metavar="PATH", help="also write the JSON result to PATH")
+    p.add_argument("--json-out", type=path_text, default=None, metavar="PATH", help="also write the JSON result to PATH")
     p.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before all ranks are killed")
 
 

@@ -27,7 +27,10 @@ def _param_count(text: str) -> float:
     if not match:
         raise argparse.ArgumentTypeError(f"expected a parameter count like 7e9 or 7B, got {text!r}")
     value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
-    if not math.isfinite(value) or value < 1:
+    if not math.isfinite(value) or value > formulas.LARGEST:
+        raise argparse.ArgumentTypeError(f"the parameter count must be at most {formulas.LARGEST:.0e}, got "
+                                         f"{text[:40]}{'…' if len(text) > 40 else ''}")
+    if value < 1:
         raise argparse.ArgumentTypeError(f"the parameter count must be at least 1, got {text!r}")
     return value
 
@@ -117,11 +120,16 @@ def report(p: planner.Plan) -> str:
     low, high = p.n_min_with_activations, p.n_min_with_reserve
     if low is not None and high is not None:
         lines.append(f"Plan for {low}–{high} GPUs." if high > low else f"Plan for {_gpus(low)}.")
+    rows = p.rows()
+    # Columns as wide as their widest number, so a huge plan still reads as columns.
+    state_w = max(9, *(len(f"{state / formulas.GB:.2f}") for _s, state, *_ in rows))
+    peak_w = max(21, *(len(f"{peak / formulas.GB:.2f}") + 1 for _s, _b, peak, *_ in rows))  # + 1: a gap
     lines += ["", f"Per GPU on N = {n}:",
-              f"  {'stage':<8}{'formula':<13}{'state':>12}{'+ layer + activations':>24}   fits {_gb(mem)}?"]
-    for stage, state, peak, state_fits, peak_fits in p.rows():
+              f"  {'stage':<8}{'formula':<13}{'state':>{state_w + 3}}{'+ layer + activations':>{peak_w + 3}}"
+              f"   fits {_gb(mem)}?"]
+    for stage, state, peak, state_fits, peak_fits in rows:
         verdict = "yes" if peak_fits else ("state only" if state_fits else "no")
-        lines.append(f"  {stage:<8}{_STAGE_FORMULA[stage]:<13}{_gb(state, 9)}{_gb(peak, 21)}   {verdict}")
+        lines.append(f"  {stage:<8}{_STAGE_FORMULA[stage]:<13}{_gb(state, state_w)}{_gb(peak, peak_w)}   {verdict}")
     if any(state_fits and not peak_fits for _s, _b, _p, state_fits, peak_fits in p.rows()):
         lines.append("  state only: the article's state fits, but not once a layer and the activations are added.")
     return "\n".join(lines)

@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
-from pathlib import Path
-
+from fsdp_lab.commands._argtypes import path
 from fsdp_lab.commands._exit_codes import INTERRUPTED as EXIT_INTERRUPTED
 from fsdp_lab.commands._paths import replaced_file_problem
 
@@ -23,11 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lang", choices=("zh", "en"), default="en", help="language of questions and feedback")
     parser.add_argument("--seed", type=int, default=None,
                         help="shuffle the options with this seed (default: the order as written)")
-    parser.add_argument("--progress", type=Path, default=None, metavar="PATH",
+    parser.add_argument("--progress", type=path, default=None, metavar="PATH",
                         help="progress file (default: ~/.fsdp-lab/progress.json)")
     parser.add_argument("--name", default=None, help="learner name saved with the results "
                                                      "(default: the one already in the file, else your login)")
-    parser.add_argument("--bank", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--bank", type=path, default=None, metavar="DIR",
                         help="question bank directory (default: quizzes/ of this checkout)")
 
 

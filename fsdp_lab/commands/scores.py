@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import io
 import sys
-from pathlib import Path
+
+from fsdp_lab.commands._argtypes import path
 
 NAME = "scores"
 HELP = ("Collect learners' progress files under DIR into one CSV (file, name, chapter, best score, max, "
@@ -12,9 +13,9 @@ HELP = ("Collect learners' progress files under DIR into one CSV (file, name, ch
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", type=Path,
+    parser.add_argument("dir", type=path,
                         help="folder holding the learners' progress .json files (searched recursively)")
-    parser.add_argument("--csv", type=Path, default=None, metavar="PATH",
+    parser.add_argument("--csv", type=path, default=None, metavar="PATH",
                         help="write the CSV here (default: print it)")
 
 

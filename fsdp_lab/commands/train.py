@@ -28,7 +28,7 @@ from datetime import timedelta
 
 from fsdp_lab.commands import _exit_codes as exit_codes
 from fsdp_lab.commands import _rendezvous
-from fsdp_lab.commands._argtypes import count, positive_float, positive_int
+from fsdp_lab.commands._argtypes import count, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
 
 NAME = "train"
@@ -94,12 +94,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                    help="auto: gloo on cpu, nccl on cuda. gloo with --device cuda runs several ranks on one GPU")
     g.add_argument("--timeout", type=positive_float, default=300.0,
                    help="collective timeout in seconds: a stuck or vanished peer fails the job after this long")
-    g.add_argument("--trace", metavar="DIR", help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
-    g.add_argument("--json-log", metavar="PATH", help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
-    g.add_argument("--checkpoint-dir", metavar="DIR", help="sharded checkpoints go to DIR/step_N, DIR/latest")
+    g.add_argument("--trace", type=path_text, metavar="DIR", help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
+    g.add_argument("--json-log", type=path_text, metavar="PATH", help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
+    g.add_argument("--checkpoint-dir", type=path_text, metavar="DIR", help="sharded checkpoints go to DIR/step_N, DIR/latest")
     g.add_argument("--checkpoint-every", type=count, default=0, metavar="K",
                    help="save every K steps (and after the last step); 0: only after the last step")
-    g.add_argument("--resume", nargs="?", const="latest", metavar="PATH",
+    g.add_argument("--resume", nargs="?", const="latest", type=path_text, metavar="PATH",
                    help="continue from the newest complete checkpoint in --checkpoint-dir (starts at 0 if there is "
                         "none yet), or from PATH (a step directory, or a checkpoint directory's newest); the world "
                         "size and strategy may differ from the run that saved it. Every file is verified against "
@@ -107,7 +107,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-unverified", action="store_true",
                    help="resume even from a checkpoint whose manifest records no checksums (written by hand or by "
                         "an old fsdp_lab): its shards cannot be verified, so damage would load silently")
-    g.add_argument("--export", metavar="PATH",
+    g.add_argument("--export", type=path_text, metavar="PATH",
                    help="after training, write the full state dict (original names, fp32) for the plain GPT")
     g.add_argument("--keep-last", type=count, default=0, metavar="K",
                    help="after each save keep only the newest K checkpoints this run wrote (0: keep all); other "

@@ -15,6 +15,12 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 GB = 10**9
+# [Note: a ceiling on inputs] Every count and size is at most 1e18 (an exabyte, a quintillion parameters):
+# far beyond any real job, and low enough that the products the planner forms stay finite floats, so every
+# number it prints is a number. Above it a value is refused by name instead of overflowing into inf or an
+# OverflowError.
+LARGEST = 10**18
+
 _COUNTS = ("n", "gpus", "layers", "hidden", "heads", "seq_len", "micro_batch", "numel_padded_total",
            "largest_unit_numel_padded", "micro_batches")
 
@@ -28,6 +34,9 @@ def _check(**values) -> None:
         if name in _COUNTS and (isinstance(v, bool) or not isinstance(v, Integral) or v < 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
         zero_ok = name == "activation_bytes"
+        if isinstance(v, Real) and not isinstance(v, bool) and v > LARGEST:  # before isfinite: a huge int overflows it
+            shown = f"{len(str(v))} digits" if isinstance(v, Integral) else f"{v:.3g}"
+            raise ValueError(f"{name} is too large to plan with ({shown}; at most {LARGEST:.0e})")
         if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
             raise ValueError(f"{name} must be a {'number >= 0' if zero_ok else 'positive number'}, got {v!r}")
 

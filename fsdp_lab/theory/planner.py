@@ -129,6 +129,11 @@ def _gpus_needed(stage, phi, fixed_bytes, usable_bytes):
 LLAMA_VOCAB = 32_000
 
 
+def _billions(x) -> str:
+    """7e9 reads as 7e9 (the article's way); past a trillion billions, plain scientific notation."""
+    return f"{x / 1e9:.3g}e9" if x < 1e12 else f"{x:.3g}"
+
+
 def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
          layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2,
          vocab=LLAMA_VOCAB, attention="fused") -> Plan:
@@ -151,7 +156,7 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
     layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
     derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
     assumptions = (f"LLaMA-like shape derived from Φ≈12·layers·hidden² (head size 128): {', '.join(derived)}; "
-                   f"12·{layers}·{hidden}² = {12 * layers * hidden**2 / 1e9:.3g}e9 of Φ = {phi / 1e9:.3g}e9 "
+                   f"12·{layers}·{hidden}² = {_billions(12 * layers * hidden**2)} of Φ = {_billions(phi)} "
                    f"sits in the blocks"
                    if derived else f"shape given: layers={layers}, hidden={hidden}, heads={heads}")
     pb = PRECISION_BYTES[precision]

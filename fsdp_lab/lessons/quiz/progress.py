@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import asdict, astuple, dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,10 +76,27 @@ class Progress:
                 "attempts": [asdict(a) for a in self.attempts]}
 
 
+class _NotFinite(ValueError):
+    """A NaN or an infinity in a progress file: JSON has no such numbers, and a score of NaN would reach the CSV."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise _NotFinite(f"{name} is not a number a progress file can hold")
+
+
 def read_progress(path: Path) -> Progress:
     """Parse a progress file or raise ProgressFileError saying what is wrong (it never moves anything)."""
     try:
-        data = json.loads(read_text(path, READ_LIMIT))
+        data = json.loads(read_text(path, READ_LIMIT), parse_float=_finite_float, parse_constant=_no_constant)
+    except _NotFinite as exc:
+        raise ProgressFileError(path, f"not a progress file ({exc})") from None
     except UnicodeDecodeError as exc:
         raise ProgressFileError(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except json.JSONDecodeError as exc:
