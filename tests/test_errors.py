@@ -54,3 +54,28 @@ def test_a_unit_run_on_one_rank_only_names_the_unit_and_the_rule():
     assert msg.startswith("FSDP all_gather of unit 'branch' (") and "did not complete" in msg, msg
     assert "Every rank must run the same FSDP units in the same order" in msg
     assert results[1] is not None and results[1][0] == "CollectiveFailed", results[1]
+
+
+def test_a_bare_class_where_a_set_of_classes_goes_is_named_with_the_fix():
+    """`ModuleWrapPolicy(Block)` (isinstance takes one class, so it is an easy slip) raised "'type' object is not
+    iterable" one line before the check that explains it; torch raises the same bare TypeError."""
+    import functools
+
+    from fsdp_lab.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    class Block(torch.nn.Linear):
+        pass
+
+    with pytest.raises(TypeError, match=r"ModuleWrapPolicy\(module_classes\) takes a set of classes, got the class "
+                                        r"Block itself; write \{Block\}"):
+        ModuleWrapPolicy(Block)
+    with pytest.raises(TypeError, match=r"takes a set of nn.Module classes, got int 3"):
+        ModuleWrapPolicy(3)
+    with pytest.raises(ValueError, match=r"takes nn.Module subclasses, got \[<class 'int'>\]"):
+        ModuleWrapPolicy({int})
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=Block)
+    with pytest.raises(TypeError, match=r"transformer_auto_wrap_policy\(transformer_layer_cls\) takes a set of "
+                                        r"classes, got the class Block itself; write \{Block\}"):
+        policy(module=Block(2, 2), recurse=False, nonwrapped_numel=6)
+    assert ModuleWrapPolicy({Block})(Block(2, 2), recurse=False)
+    assert policy.func(Block(2, 2), False, 6, transformer_layer_cls={Block})

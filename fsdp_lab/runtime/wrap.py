@@ -13,15 +13,27 @@ from typing import Callable, Iterable, Optional
 from torch import nn
 
 
+def _module_classes(where: str, value) -> tuple[type, ...]:
+    """A set of nn.Module classes as a tuple. A bare class (`ModuleWrapPolicy(Block)`, an easy slip, since
+    isinstance takes one) is named with the set to write, not met with "'type' object is not iterable"."""
+    if isinstance(value, type):
+        raise TypeError(f"{where} takes a set of classes, got the class {value.__name__} itself; "
+                        f"write {{{value.__name__}}}")
+    try:
+        classes = tuple(value)
+    except TypeError:
+        raise TypeError(f"{where} takes a set of nn.Module classes, got {type(value).__name__} {value!r}") from None
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+    if bad:
+        raise ValueError(f"{where} takes nn.Module subclasses, got {bad!r}")
+    return classes
+
+
 class ModuleWrapPolicy:
     """Wrap every module that is an instance of one of `module_classes` (e.g. the transformer block)."""
 
     def __init__(self, module_classes: Iterable[type]):
-        classes = tuple(module_classes)
-        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
-        if bad:
-            raise ValueError(f"ModuleWrapPolicy takes nn.Module subclasses, got {bad!r}")
-        self.module_classes = classes
+        self.module_classes = _module_classes("ModuleWrapPolicy(module_classes)", module_classes)
 
     def __call__(self, module: nn.Module, recurse: bool, *args, **kwargs) -> bool:
         return True if recurse else isinstance(module, self.module_classes)
@@ -53,7 +65,8 @@ def transformer_auto_wrap_policy(module: nn.Module, recurse: bool, nonwrapped_nu
         raise TypeError(_missing_layer_cls_message(None))
     if not transformer_layer_cls:
         raise ValueError(_missing_layer_cls_message(None))
-    return True if recurse else isinstance(module, tuple(transformer_layer_cls))
+    classes = _module_classes("transformer_auto_wrap_policy(transformer_layer_cls)", transformer_layer_cls)
+    return True if recurse else isinstance(module, classes)
 
 
 def _likely_layer_class(root: Optional[nn.Module]) -> str:
