@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fsdp_lab import FSDP, MixedPrecision, ShardingStrategy
 from fsdp_lab.checkpoint.sharded import full_state_dict, load, save
-from fsdp_lab.runtime.collectives import all_reduce_mean, reduce_scatter_mean
+from fsdp_lab.runtime.core.collectives import all_reduce_mean, reduce_scatter_mean
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 SIZES = (7, 13, 5, 3)  # odd widths: every unit's flat buffer needs padding, shards split parameters unevenly

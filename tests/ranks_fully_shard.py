@@ -420,8 +420,8 @@ def trace_and_memory(rank, world_size, front_end):
     Returns each unit's event kinds in order, and memory_report's shard bytes against the local shards."""
     import fsdp_lab
     from fsdp_lab.observe import trace
-    from fsdp_lab.runtime.memory import memory_report
-    from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+    from fsdp_lab.runtime.core.memory import memory_report
+    from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 
     torch.manual_seed(0)
     model = TiedLM()
@@ -496,9 +496,9 @@ def api_checks(rank, world_size):
 
 
 def _seam_missing(sharded_linear) -> dict:
-    """Names of the layout seam (fsdp_lab.runtime.layout.ShardLayout) that either layout lacks."""
-    from fsdp_lab.runtime.flat_param import FlatParam
-    from fsdp_lab.runtime.layout import ShardLayout
+    """Names of the layout seam (fsdp_lab.runtime.core.layout.ShardLayout) that either layout lacks."""
+    from fsdp_lab.runtime.core.layout import ShardLayout
+    from fsdp_lab.runtime.fsdp1.flat_param import FlatParam
 
     plain = nn.Linear(3, 5)
     flat = FlatParam("u", [(plain.weight, [(plain, "weight", "weight")])], 1, 0, requires_grad=True,

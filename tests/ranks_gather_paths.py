@@ -1,7 +1,7 @@
 """Rank function for tests/test_gather_paths.py: fsdp_lab's fully_shard beside torch's on one small model whose
 blocks have dims that divide by the world size and a head that does not, so one launch runs both copy-in paths
-([Note: one master buffer] in fsdp_lab/runtime/param_group.py) and the views cut once per forward ([Note: views
-cut once per forward] in fsdp_lab/runtime/layout.py) through training, evaluation forwards and swapped
+([Note: one master buffer] in fsdp_lab/runtime/fsdp2/param_group.py) and the views cut once per forward ([Note: views
+cut once per forward] in fsdp_lab/runtime/core/layout.py) through training, evaluation forwards and swapped
 parameters."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Net(nn.Module):
 
 
 def _groups(model):
-    from fsdp_lab.runtime.observed import units_of
+    from fsdp_lab.runtime.core.observed import units_of
 
     return {unit.name: unit.flats[0] for unit in units_of(model)}
 

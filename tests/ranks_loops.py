@@ -16,7 +16,7 @@ from ranks_features import message_of
 from torch import nn
 
 from fsdp_lab import FSDP
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.unit import UnitState
 from fsdp_lab.training.models import rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
 
@@ -238,7 +238,7 @@ def failed_forward(run: Run):
 def _units_gathered_at_once():
     """The most units whose full masters model.state_dict() held at the same moment: it counts the flats (one per
     unit of LoopNet) whose original parameters are registered over gathered masters and not yet put back."""
-    from fsdp_lab.runtime import state_dict as module
+    from fsdp_lab.runtime.fsdp1 import state_dict as module
 
     register, put_back = module.register_full_params, module.put_back
     live, peak = set(), [0]

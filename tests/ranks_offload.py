@@ -78,7 +78,7 @@ def report(model, optimizer) -> dict:
 def where_bytes_live(model, optimizer, rank: int, world_size: int) -> dict:
     """fsdp_lab FSDP1 only: memory_report inside block 0's forward (its unit and the root gathered) and after the
     step, with the bytes that must be on the device then (the gathered units' buffers)."""
-    from fsdp_lab.runtime.unit import UnitState
+    from fsdp_lab.runtime.core.unit import UnitState
 
     seen = {}
 
@@ -162,7 +162,7 @@ def gpu_peak(rank, world_size, offload: bool, width: int = 1024, blocks: int = 6
     """On CUDA: torch.cuda.memory_allocated at rest and at the peak of a steady-state step, for one FSDP1 model
     with or without CPU offload, and what memory_report says lives where."""
     from fsdp_lab import FSDP
-    from fsdp_lab.runtime.offload import CPUOffload
+    from fsdp_lab.runtime.features.offload import CPUOffload
     from fsdp_lab.wrap import ModuleWrapPolicy
 
     device = torch.device("cuda", torch.cuda.current_device())

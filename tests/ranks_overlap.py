@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import FSDP, BackwardPrefetch
-from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.unit import UnitState
+from fsdp_lab.runtime.features.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.training.models import Block, GPTConfig, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
@@ -110,7 +110,7 @@ def gathering_count(states: dict) -> int:
 
 
 class FakeCuda:
-    """Stands in for torch.cuda in fsdp_lab.runtime.streams.CommStreams on CPU: streams and events that only record
+    """Stands in for torch.cuda in fsdp_lab.runtime.core.streams.CommStreams on CPU: streams and events that only record
     what waited for what, in one log shared with a Spy (so the log interleaves with lifecycle events)."""
 
     def __init__(self, log):
@@ -204,7 +204,7 @@ def fake_stream_run(rank, world_size, strategy="FULL_SHARD", options=None):
     default options unless `options` says otherwise; return the log (waits, events, storage allocations and
     releases, lifecycle events, in the order they happened), the results, and those of the same run on CPU's
     null streams."""
-    from fsdp_lab.runtime.streams import CommStreams
+    from fsdp_lab.runtime.core.streams import CommStreams
 
     def build():
         base = build_gpt(FOUR_BLOCKS)

@@ -9,8 +9,8 @@ import pytest
 import torch
 from ranks_overlap import STEPS, checkpoint_misuse, train_checkpointed
 
-from fsdp_lab.runtime.activation_checkpointing import (apply_activation_checkpointing, is_checkpointed,
-                                                       remove_activation_checkpointing)
+from fsdp_lab.runtime.features.activation_checkpointing import (apply_activation_checkpointing, is_checkpointed,
+                                                                remove_activation_checkpointing)
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import Block, build_gpt
 

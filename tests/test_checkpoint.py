@@ -23,7 +23,7 @@ from fsdp_lab.checkpoint import files as files
 from fsdp_lab.checkpoint import ownership, trust
 from fsdp_lab.checkpoint import sharded as checkpoint_layout
 from fsdp_lab.checkpoint.files import CheckpointError
-from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.runtime.core.strategy import ShardingStrategy
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy

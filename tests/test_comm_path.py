@@ -1,4 +1,4 @@
-"""The one collective path (fsdp_lab/runtime/streams.py, collectives.py) on gloo CPU ranks: ZeRO-1 correct with
+"""The one collective path (fsdp_lab/runtime/core/streams.py, collectives.py) on gloo CPU ranks: ZeRO-1 correct with
 any optimizer and current in exports, float16 means that do not overflow, clip_grad_norm_ without host reads,
 16-byte aligned flat offsets, optimizer state restored through load_state_dict, and the launcher's device choice.
 The stream ordering on fake CUDA streams is in test_overlap.py."""
@@ -11,7 +11,7 @@ import torch
 from ranks_comm_path import (aligned_layout, clip_host_reads, clip_reference, fp16_mean, resume_fused,
                              zero1_training)
 
-from fsdp_lab.runtime.collectives import divide_factors
+from fsdp_lab.runtime.core.collectives import divide_factors
 from fsdp_lab.theory import formulas as F
 from fsdp_lab.training.launch import run_on_ranks, set_rank_device
 
@@ -91,7 +91,7 @@ def test_fsdp_given_a_device_id_makes_it_the_current_device(monkeypatch):
     """FSDP(device_id=...) resolves the device before anything is built; on a CUDA device it also makes it current,
     so event waits and DCP's object collectives land on the rank's own GPU. Checked here with torch.cuda faked and
     the module's move stubbed (this machine has no GPU)."""
-    from fsdp_lab.runtime import device
+    from fsdp_lab.runtime.fsdp1 import device
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -9,7 +9,7 @@ from fsdp_lab.lessons.experiments.memory_compare import comm_by_depth, ratio_row
 from fsdp_lab.lessons.experiments.precision import VARIANTS, memory_points, precision_runs, spacing, update_stall
 from fsdp_lab.lessons.experiments.sharding import gather_summary, shard_sizes, sharding_layout
 from fsdp_lab.observe.traffic import comm_summary
-from fsdp_lab.runtime.flat_param import padded_size
+from fsdp_lab.runtime.fsdp1.flat_param import padded_size
 from fsdp_lab.theory import formulas
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import PRESETS, build_gpt, count_params

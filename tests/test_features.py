@@ -6,7 +6,7 @@ import pytest
 import torch
 from ranks_features import no_grad_and_eval, no_sync_reference, no_sync_step, summon_writeback, train_outer
 
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.unit import UnitState
 from fsdp_lab.training.launch import run_on_ranks
 
 TOL = 1e-5

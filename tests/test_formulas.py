@@ -173,7 +173,7 @@ def test_runtime_state_rejects_unpadded_sharded_counts_and_unknown_strategies():
 
 
 def test_runtime_state_accepts_the_enum():
-    from fsdp_lab.runtime.strategy import ShardingStrategy
+    from fsdp_lab.runtime.core.strategy import ShardingStrategy
     assert F.runtime_state_bytes(ShardingStrategy.FULL_SHARD, 8, 2).total == 64
 
 

@@ -6,6 +6,13 @@
 A module may import its own layer and the layers before it, never a later one; `runtime` imports nothing of
 fsdp_lab outside itself; no import cycle, counting imports inside functions; at most five plain modules at the
 top of fsdp_lab/. Each failure names the modules involved.
+
+The runtime has floors of its own (fsdp_lab/runtime/__init__.py says what each holds):
+
+    core → features → fsdp1, fsdp2      (fsdp_lab/runtime/__init__: the public names, may import every floor)
+
+core imports no other floor; features import core only; fsdp1 and fsdp2 import core and features, never each
+other; no floor imports the runtime package itself, and every runtime module but the package sits in a floor.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ LAYERS = ("runtime", "<public>", "observe", "checkpoint", "theory", "training", 
 TOP_LEVEL_LAYER = {"fsdp_lab": "<public>", "fsdp_lab.wrap": "<public>", "fsdp_lab.user_files": "<public>",
                    "fsdp_lab.cli": "<entry>", "fsdp_lab.__main__": "<entry>"}
 MAX_TOP_LEVEL_MODULES = 5
+RUNTIME = "fsdp_lab.runtime"
+FLOORS = {"core": set(), "features": {"core"}, "fsdp1": {"core", "features"}, "fsdp2": {"core", "features"}}
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -119,6 +128,35 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def floor_of(name: str) -> str | None:
+    """The runtime floor of a module: core, features, fsdp1 or fsdp2; None for the runtime package itself or a
+    module outside every floor."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["fsdp_lab", "runtime"] and parts[2] in FLOORS else None
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    runtime = sorted(name for name in graph if layer_of(name) == "runtime")
+    problems = [f"{name} sits in no runtime floor: move it into fsdp_lab/runtime/{{{','.join(FLOORS)}}}/"
+                for name in runtime if name != RUNTIME and floor_of(name) is None]
+    for importer in runtime:
+        here = floor_of(importer)
+        if here is None:
+            continue
+        for target in sorted(graph[importer]):
+            if target == RUNTIME:
+                problems.append(f"{importer} ({here}) imports the runtime package {RUNTIME}: import the floor's "
+                                f"module instead")
+                continue
+            there = floor_of(target)
+            if there is None or there == here:
+                continue
+            if there not in FLOORS[here]:
+                allowed = ", ".join(sorted(FLOORS[here])) or "no other floor"
+                problems.append(f"{importer} ({here}) imports {target} ({there}): {here} may import {allowed}")
+    return problems
+
+
 def top_level_modules(root: Path) -> list[str]:
     return sorted(p.name for p in root.glob("*.py"))
 
@@ -128,6 +166,7 @@ def check(root: Path) -> list[str]:
     graph = import_graph(root)
     problems = [f"import cycle: {' ↔ '.join(cycle)}" for cycle in find_cycles(graph)]
     problems += layer_violations(graph)
+    problems += floor_violations(graph)
     top = top_level_modules(root)
     if len(top) > MAX_TOP_LEVEL_MODULES:
         problems.append(f"{len(top)} plain modules at the top of {root.name}/ (at most {MAX_TOP_LEVEL_MODULES}): "
@@ -148,6 +187,24 @@ def test_every_layer_exists_and_the_runtime_stands_alone():
     assert len(runtime) >= 10 and all(t.startswith("fsdp_lab.runtime") for ts in runtime.values() for t in ts)
 
 
+def test_every_runtime_floor_holds_its_pieces():
+    graph = import_graph(PACKAGE)
+    floors = {floor: {n.rpartition(".")[2] for n in graph if floor_of(n) == floor} for floor in FLOORS}
+    assert {"unit", "streams", "collectives", "layout", "state", "root", "mixed_precision"} <= floors["core"], floors
+    assert {"api", "flat_param", "wrap", "state_dict", "summon", "optim_state_dict"} <= floors["fsdp1"], floors
+    assert {"fully_shard", "fsdp_module", "param_group", "post_forward"} <= floors["fsdp2"], floors
+    assert {"offload", "hybrid", "deferred_init", "ignored", "activation_checkpointing"} <= floors["features"], floors
+
+
+def test_paths_the_readme_names_keep_working():
+    import fsdp_lab
+    import fsdp_lab.wrap
+
+    assert fsdp_lab.runtime.memory.memory_report is fsdp_lab.runtime.core.memory.memory_report
+    assert callable(fsdp_lab.runtime.activation_checkpointing.apply_activation_checkpointing)
+    assert fsdp_lab.FSDP is fsdp_lab.runtime.fsdp1.api.FSDP and callable(fsdp_lab.wrap.ModuleWrapPolicy)
+
+
 @pytest.fixture
 def package_copy(tmp_path) -> Path:
     copy = tmp_path / "fsdp_lab"
@@ -157,19 +214,40 @@ def package_copy(tmp_path) -> Path:
 
 
 def test_checker_reports_a_cycle_hidden_inside_a_function(package_copy):
-    summon = package_copy / "runtime" / "summon.py"
-    summon.write_text(summon.read_text() + "\n\ndef _late():\n    from fsdp_lab.runtime.api import FSDP\n")
+    summon = package_copy / "runtime" / "fsdp1" / "summon.py"
+    summon.write_text(summon.read_text() + "\n\ndef _late():\n    from fsdp_lab.runtime.fsdp1.api import FSDP\n")
     problems = check(package_copy)
-    assert any(p.startswith("import cycle:") and "fsdp_lab.runtime.api" in p and "fsdp_lab.runtime.summon" in p
-               for p in problems), problems
+    assert any(p.startswith("import cycle:") and "fsdp_lab.runtime.fsdp1.api" in p
+               and "fsdp_lab.runtime.fsdp1.summon" in p for p in problems), problems
 
 
 def test_checker_reports_upward_imports_and_a_runtime_that_leans_on_the_course(package_copy):
     (package_copy / "theory" / "formulas.py").open("a").write("\nfrom fsdp_lab.lessons import quiz  # noqa\n")
-    (package_copy / "runtime" / "unit.py").open("a").write("\nimport fsdp_lab.observe.trace  # noqa\n")
+    (package_copy / "runtime" / "core" / "unit.py").open("a").write("\nimport fsdp_lab.observe.trace  # noqa\n")
     problems = check(package_copy)
     assert any("fsdp_lab.theory.formulas (theory) imports fsdp_lab.lessons.quiz (lessons)" in p for p in problems)
-    assert any("fsdp_lab.runtime.unit (runtime) imports fsdp_lab.observe.trace" in p for p in problems), problems
+    assert any("fsdp_lab.runtime.core.unit (runtime) imports fsdp_lab.observe.trace" in p for p in problems), problems
+
+
+def test_checker_reports_a_floor_that_leans_on_a_floor_it_may_not(package_copy):
+    runtime = package_copy / "runtime"
+    (runtime / "core" / "strategy.py").open("a").write("\nimport fsdp_lab.runtime.fsdp2.post_forward  # noqa\n")
+    (runtime / "fsdp1" / "partition.py").open("a").write(
+        "\n\ndef _late():\n    from fsdp_lab.runtime.fsdp2 import post_forward  # noqa\n")
+    (runtime / "features" / "ignored.py").open("a").write("\nfrom fsdp_lab.runtime.fsdp1 import wrap  # noqa\n")
+    (runtime / "fsdp2" / "post_forward.py").open("a").write("\nimport fsdp_lab.runtime  # noqa\n")
+    (runtime / "helpers.py").write_text("")
+    problems = check(package_copy)
+    expected = ["fsdp_lab.runtime.core.strategy (core) imports fsdp_lab.runtime.fsdp2.post_forward (fsdp2): core may "
+                "import no other floor",
+                "fsdp_lab.runtime.fsdp1.partition (fsdp1) imports fsdp_lab.runtime.fsdp2.post_forward (fsdp2): fsdp1 "
+                "may import core, features",
+                "fsdp_lab.runtime.features.ignored (features) imports fsdp_lab.runtime.fsdp1.wrap (fsdp1): features "
+                "may import core",
+                "fsdp_lab.runtime.fsdp2.post_forward (fsdp2) imports the runtime package fsdp_lab.runtime",
+                "fsdp_lab.runtime.helpers sits in no runtime floor"]
+    for line in expected:
+        assert any(line in p for p in problems), (line, problems)
 
 
 def test_checker_counts_top_level_modules(package_copy):

@@ -1,7 +1,7 @@
 """CPU offload on 2 gloo ranks: fsdp_lab's FSDP1 CPUOffload(offload_params=True) and fully_shard
 CPUOffloadPolicy train as torch's own offload does and as fsdp_lab does without offload (to float noise), and the
 state lives where torch keeps it: shards, gradients and optimizer state at home on the host, the device holding
-only the gathered units ([Note: host and device] in fsdp_lab/runtime/offload.py)."""
+only the gathered units ([Note: host and device] in fsdp_lab/runtime/features/offload.py)."""
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,5 @@
 """FSDP.optim_state_dict / FSDP.optim_state_dict_to_load on gloo ranks ([Note: optimizer state by original name]
-in fsdp_lab/runtime/optim_state_dict.py): the full dict equals torch FSDP1's on the same model (keys, shapes,
+in fsdp_lab/runtime/fsdp1/optim_state_dict.py): the full dict equals torch FSDP1's on the same model (keys, shapes,
 values, param_groups); a run saved with it (full on rank 0, or sharded through torch.distributed.checkpoint) and
 loaded into a fresh model with other weights continues with bitwise the same losses as the run that never
 stopped; one saved on 2 ranks loads on 4 with bitwise the same state; DCP's get_state_dict(model, optim) is

@@ -73,7 +73,7 @@ def test_a_prefetched_regather_on_cpu_is_a_collective_in_flight(pre_run, sync_ru
 
 
 def test_a_failed_prefetched_gather_names_its_unit_at_the_wait():
-    from fsdp_lab.runtime.collectives import Collective, CollectiveFailed, PendingCollective
+    from fsdp_lab.runtime.core.collectives import Collective, CollectiveFailed, PendingCollective
 
     class DeadPeer:
         def wait(self):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ranks_features import sharding_facts
 
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.unit import UnitState
 from fsdp_lab.training.launch import run_on_ranks
 
 
@@ -44,7 +44,7 @@ def _padding_per_rank(numel: int, world_size: int) -> list[int]:
     import torch
     from torch import nn
 
-    from fsdp_lab.runtime.flat_param import FlatParam
+    from fsdp_lab.runtime.fsdp1.flat_param import FlatParam
     counts = []
     for rank in range(world_size):
         param = nn.Parameter(torch.arange(1.0, numel + 1))

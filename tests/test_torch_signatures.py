@@ -2,7 +2,7 @@
 
 The lists come from torch itself (the public methods of torch's FullyShardedDataParallel, and torch's object of
 the same name as each of fsdp_lab's public names), so a method or parameter torch adds later fails here until it
-is matched or deliberately refused. Refused means: a method in fsdp_lab.runtime.not_provided.NOT_PROVIDED raises
+is matched or deliberately refused. Refused means: a method in fsdp_lab.runtime.fsdp1.not_provided.NOT_PROVIDED raises
 NotImplementedError naming itself; an option with a non-default value raises ValueError naming it (REFUSED).
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ from ranks_signatures import REFUSED, refused_messages
 import fsdp_lab
 import fsdp_lab.wrap
 from fsdp_lab import FSDP
-from fsdp_lab.runtime.not_provided import NOT_PROVIDED
-from fsdp_lab.runtime.state_dict import StateDictSettings
-from fsdp_lab.runtime.strategy import coerce_enum
+from fsdp_lab.runtime.core.strategy import coerce_enum
+from fsdp_lab.runtime.fsdp1.not_provided import NOT_PROVIDED
+from fsdp_lab.runtime.fsdp1.state_dict import StateDictSettings
 from fsdp_lab.training.launch import run_on_ranks
 
 TorchFSDP = torch_fsdp.FullyShardedDataParallel

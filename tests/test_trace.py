@@ -12,7 +12,7 @@ from fsdp_lab.lessons.experiments import run_lifecycle, trace_on_off, unit_event
 from fsdp_lab.lessons.experiments.lifecycle import FULL_SHARD_ROOT_EVENTS, FULL_SHARD_UNIT_EVENTS
 from fsdp_lab.observe import trace
 from fsdp_lab.observe.follow import follow
-from fsdp_lab.runtime.flat_param import padded_size
+from fsdp_lab.runtime.fsdp1.flat_param import padded_size
 from fsdp_lab.training.models import build_gpt, count_params
 
 WORLD = 2

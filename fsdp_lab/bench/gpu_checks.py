@@ -18,7 +18,7 @@ from torch import nn
 
 from fsdp_lab.bench.setups import build_runner
 from fsdp_lab.runtime import FSDP, BackwardPrefetch, MixedPrecision
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import PRESETS, Block, GPTConfig, batch_for_step, build_gpt, rank_slice
 
 # Blocks of the 369M model's width (12.6M parameters each), few of them: quick to build; with 8x1024 tokens the

@@ -2,9 +2,9 @@
 gzipped: the evidence that the all-gather of unit i+1 runs while unit i computes.
 
 The runtime labels its work with profiler ranges (`fsdp_lab::gather blocks.3`, `fsdp_lab::regather ...`,
-`fsdp_lab::reduce ...`; fsdp_lab.runtime.streams.label). A kernel belongs to a range when the CUDA runtime call that
-launched it ran inside the range (same thread) — the profiler links launch and kernel by a correlation id. From
-that, `overlap_summary` measures how much of the gather (and reduce) kernels' time coincides with compute
+`fsdp_lab::reduce ...`; fsdp_lab.runtime.core.streams.label). A kernel belongs to a range when the CUDA runtime
+call that launched it ran inside the range (same thread) — the profiler links launch and kernel by a correlation
+id. From that, `overlap_summary` measures how much of the gather (and reduce) kernels' time coincides with compute
 kernels running on another stream.
 
 The written file is Chrome-trace JSON (open it in Perfetto or chrome://tracing). It also holds, under

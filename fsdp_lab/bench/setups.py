@@ -92,7 +92,7 @@ def build_runner(mode: str, cfg: GPTConfig, device: torch.device, optimizer: str
     bf16 = torch.bfloat16
     if mode == "fsdp_lab":
         from fsdp_lab.runtime import FSDP, MixedPrecision
-        from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+        from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 
         model = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
                      mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=torch.float32))

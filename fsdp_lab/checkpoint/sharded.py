@@ -41,10 +41,10 @@ import torch.distributed as dist
 from fsdp_lab.checkpoint import files, trust
 from fsdp_lab.checkpoint.files import FORMAT, CheckpointError
 from fsdp_lab.checkpoint.ownership import output_problem
-from fsdp_lab.runtime.api import FSDP
-from fsdp_lab.runtime.hybrid import checkpoint_mesh
-from fsdp_lab.runtime.state_dict import FullStateDictConfig, StateDictType
-from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.runtime.core.strategy import ShardingStrategy
+from fsdp_lab.runtime.features.hybrid import checkpoint_mesh
+from fsdp_lab.runtime.fsdp1.api import FSDP
+from fsdp_lab.runtime.fsdp1.state_dict import FullStateDictConfig, StateDictType
 
 
 # -- the layout: which piece of which flat buffer each rank writes and reads ------------------------------
@@ -141,7 +141,7 @@ def describe(model) -> list[dict]:
 def optimizer_members(model, optimizer) -> list[tuple[str, object, list[tuple[torch.Tensor, int, int]]]]:
     """(key, flat, [(parameter, start in the shard, length), ...]) for each flat the optimizer updates. The
     parameter is the flat shard itself, or with use_orig_params each original parameter, a view of its part of
-    the shard ([Note: original parameters] in fsdp_lab/runtime/flat_param.py): their states are laid side by side
+    the shard ([Note: original parameters] in fsdp_lab/runtime/fsdp1/flat_param.py): their states are laid side by side
     into one shard-shaped tensor, so both modes save the same layout."""
     owner = {}
     for key, _unit, flat in flats(model):

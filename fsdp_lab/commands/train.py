@@ -62,7 +62,7 @@ def _endpoint(text: str) -> str:
 
 
 def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdp_lab.runtime.strategy import ShardingStrategy
+    from fsdp_lab.runtime.core.strategy import ShardingStrategy
     from fsdp_lab.training.loop import BACKWARD_PREFETCH_CHOICES
     from fsdp_lab.training.models import PRESETS
 

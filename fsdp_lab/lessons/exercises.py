@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Callable, Sequence
 
 from fsdp_lab.lessons.live.checks import Verdict, close_to, chunks_of, not_written, state_bytes_of
-from fsdp_lab.runtime.flat_param import padded_size
+from fsdp_lab.runtime.fsdp1.flat_param import padded_size
 from fsdp_lab.theory import formulas
 
 

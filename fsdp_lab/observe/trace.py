@@ -7,7 +7,7 @@ wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front
 Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}; an event
 that issued collectives also has "group" ("shard", "replicate", or "post_forward": the sub-group an integer
 reshard_after_forward re-gathers in) and "group_ranks" (that group's global ranks).
-"mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.memory) and, on CUDA, "cuda_allocated" and
+"mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.core.memory) and, on CUDA, "cuda_allocated" and
 "cuda_reserved" from the caching allocator.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Iterator, Optional
 import torch
 
 from fsdp_lab.observe.traffic import collective_bytes
-from fsdp_lab.runtime.memory import memory_report
-from fsdp_lab.runtime.observed import set_tracer, shared_state
+from fsdp_lab.runtime.core.memory import memory_report
+from fsdp_lab.runtime.core.observed import set_tracer, shared_state
 
 
 class Tracer:

@@ -167,7 +167,7 @@ def comm_summary(events: Iterable[dict]) -> CommSummary:
 def bytes_by_group(events: Iterable[dict], rank: Optional[int] = None, step: Optional[int] = None,
                    key: str = "group", collective: bool = False) -> dict:
     """Bytes sent, summed per process group: inside a node ("shard") and across nodes ("replicate") under HSDP
-    ([Note: hybrid sharding] in fsdp_lab/runtime/hybrid.py). key="ranks" keys by the group's global ranks
+    ([Note: hybrid sharding] in fsdp_lab/runtime/features/hybrid.py). key="ranks" keys by the group's global ranks
     instead of its label; collective=True splits each group by collective ((group, collective) keys). Events of
     one rank or a merged timeline; `rank`/`step` select."""
     if key not in ("group", "ranks"):

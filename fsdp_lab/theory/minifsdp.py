@@ -3,12 +3,12 @@
 The potluck in arrays: `fridges[r][i]` is household r's slice of dish (layer) i; `gather_layer(i)` brings every
 slice to the long table; `reduce_scatter_grad(i, grads)` sums the leftovers of every household and hands each one
 its slice back. No processes, no torch: just the bookkeeping, so it can be read in one sitting and compared
-number for number with the real runtime (fsdp_lab.runtime.collectives on real ranks, notebook 08).
+number for number with the real runtime (fsdp_lab.runtime.core.collectives on real ranks, notebook 08).
 
 What differs from the article's version, and why:
   * Padding. Cutting a layer of s elements into N slices of s // N drops s mod N elements: the gathered layer
-    comes back shorter than the layer. We pad each layer to ceil(s/N)·N (as fsdp_lab.runtime.flat_param and torch do)
-    and strip the padding after a gather.
+    comes back shorter than the layer. We pad each layer to ceil(s/N)·N (as fsdp_lab.runtime.fsdp1.flat_param and torch
+    do) and strip the padding after a gather.
   * Reduce, then scatter. The article's scatter_grad splits one gradient across ranks. In data parallelism every
     rank has its own gradient (from its own micro-batch); reduce-scatter first averages them over ranks, then
     each rank keeps its slice. `reduce_scatter_grad` takes one gradient per rank.

@@ -2,7 +2,7 @@
 
 The reference sees the same global batch in one process; FSDP splits it across ranks and averages gradients,
 so the two loss columns should agree to ~1e-6 in fp32. The byte columns are each rank's live sharded state,
-counted by the runtime itself (fsdp_lab.runtime.memory).
+counted by the runtime itself (fsdp_lab.runtime.core.memory).
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from fsdp_lab.runtime.api import FSDP
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.fsdp1.api import FSDP
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
 
 

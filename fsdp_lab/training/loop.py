@@ -30,11 +30,11 @@ from fsdp_lab.checkpoint.sharded import on_rank0
 from fsdp_lab.checkpoint.ownership import RunLock, check_unlocked, output_problem, prunable, remove_checkpoint, \
     save_conflict
 from fsdp_lab.observe.trace import Tracer, rank_file
-from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
-from fsdp_lab.runtime.api import FSDP
-from fsdp_lab.runtime.mixed_precision import MixedPrecision
-from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.core.mixed_precision import MixedPrecision
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.runtime.features.activation_checkpointing import apply_activation_checkpointing
+from fsdp_lab.runtime.fsdp1.api import FSDP
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.launch import node_mesh
 from fsdp_lab.training.log_output import WarnOnceWriter
 from fsdp_lab.training.models import PRESETS, Block, batch_for_step, build_gpt, rank_slice

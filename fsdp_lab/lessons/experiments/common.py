@@ -16,8 +16,8 @@ import torch
 
 from fsdp_lab.observe import trace as trace_mod
 from fsdp_lab.runtime import FSDP, MixedPrecision
-from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import PRESETS, Block, GPTConfig, batch_for_step, build_gpt, rank_slice
 
 BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

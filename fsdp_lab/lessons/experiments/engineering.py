@@ -28,7 +28,7 @@ BEATS = {"gather": ("gather_start", "gather_end"), "forward": ("forward_start", 
 # The prefetch runs, each named by its options: prefetch turned off (backward_prefetch=None is not torch's
 # default), torch's defaults (BACKWARD_PRE, forward_prefetch=False, limit_all_gathers=True), and explicit forward
 # prefetch on top. On CUDA every run's forward gathers overlap compute (implicit prefetching, always on,
-# fsdp_lab/runtime/streams.py); on CPU ranks only a prefetched gather overlaps compute (gloo's thread moves it,
+# fsdp_lab/runtime/core/streams.py); on CPU ranks only a prefetched gather overlaps compute (gloo's thread moves it,
 # [Note: a prefetch on CPU] in streams.py): the traces differ in the order gathers are issued and used.
 PREFETCH = {"prefetch off": dict(backward_prefetch=None), "torch defaults": dict(),
             "+ forward_prefetch": dict(forward_prefetch=True)}

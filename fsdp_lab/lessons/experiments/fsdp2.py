@@ -22,14 +22,14 @@ import torch.distributed as dist
 
 from fsdp_lab.lessons.experiments.common import unit_table
 from fsdp_lab.observe import trace as trace_mod
-from fsdp_lab.runtime.observed import is_fully_shard, units_of
+from fsdp_lab.runtime.core.observed import is_fully_shard, units_of
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
 
 STEPS = 2
 WEIGHT = "blocks.0.attn.qkv.weight"  # the weight whose owners the chapter shows
 FRONT_ENDS = ("fsdp_lab FSDP", "fsdp_lab fully_shard", "torch fully_shard")
-# The ops of an all-gather's copies in a profile ([Note: copy-in, copy-out] in runtime/param_group.py). torch's
+# The ops of an all-gather's copies in a profile ([Note: copy-in, copy-out] in runtime/fsdp2/param_group.py). torch's
 # fully_shard runs the same two (inside its fsdp::all_gather_copy_in and FSDP::all_gather_copy_out); the flat
 # layout runs neither. The training step itself issues neither on CPU (AdamW's default there is not foreach).
 COPY_OPS = {"copy-in": "aten::_foreach_copy_", "copy-out": "aten::split_with_sizes_copy"}

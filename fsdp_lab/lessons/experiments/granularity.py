@@ -7,7 +7,7 @@ also the training loop of the engineering and misconceptions experiments: it add
 activation checkpointing to the plain loop of fsdp_lab.lessons.experiments.common. Runs take torch's defaults
 (backward_prefetch=BACKWARD_PRE, forward_prefetch=False). With explicit prefetch a unit's gather is issued one
 unit early and waited on when the unit needs its parameters; meanwhile it runs on its own stream on a GPU, and
-on gloo's thread on CPU ranks ([Note: a prefetch on CPU] in fsdp_lab/runtime/streams.py).
+on gloo's thread on CPU ranks ([Note: a prefetch on CPU] in fsdp_lab/runtime/core/streams.py).
 
 Wrappings (a name, so a rank can rebuild the policy: spawned processes get plain data):
     whole      no policy: the root is the only unit (one gather for everything)
@@ -32,8 +32,8 @@ from fsdp_lab.lessons.experiments.common import config_for, unit_table
 from fsdp_lab.observe import trace as trace_mod
 from fsdp_lab.observe.traffic import comm_summary
 from fsdp_lab.runtime import FSDP
-from fsdp_lab.runtime.activation_checkpointing import apply_activation_checkpointing
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy, select_units, size_based_auto_wrap_policy
+from fsdp_lab.runtime.features.activation_checkpointing import apply_activation_checkpointing
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy, select_units, size_based_auto_wrap_policy
 from fsdp_lab.training.models import MLP, Block, CausalSelfAttention, batch_for_step, build_gpt, rank_slice
 
 WRAPPINGS = ("whole", "block", "sublayer", "leaf")

@@ -1,7 +1,7 @@
 """Chapter 08's bridge from the NumPy sketch (fsdp_lab.theory.minifsdp) to real collectives on real ranks.
 
 Each rank wraps the course GPT (one unit per Block), then runs the three moves on every unit's flat buffer with
-fsdp_lab.runtime.collectives, the same functions the runtime uses: all-gather the shards, reduce-scatter a gradient
+fsdp_lab.runtime.core.collectives, the same functions the runtime uses: all-gather the shards, reduce-scatter a gradient
 (a different one per rank, as in data parallelism), take a sharded SGD step on its own slice, all-gather again.
 It returns everything as NumPy arrays, so the notebook can hand the same shards and gradients to MiniFSDP and
 compare the results number by number.
@@ -14,8 +14,8 @@ import torch.distributed as dist
 from fsdp_lab.lessons.experiments.common import config_for
 from fsdp_lab.observe.traffic import collective_bytes
 from fsdp_lab.runtime import FSDP
-from fsdp_lab.runtime.collectives import all_gather_flat, reduce_scatter_mean
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.core.collectives import all_gather_flat, reduce_scatter_mean
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import Block, build_gpt
 
 

@@ -15,7 +15,7 @@ import torch
 from fsdp_lab.lessons.experiments.common import config_for
 from fsdp_lab.lessons.experiments.granularity import WrapRun, policy_for, summarize_wrapped, train_wrapped
 from fsdp_lab.runtime import FSDP
-from fsdp_lab.runtime.wrap import ModuleWrapPolicy
+from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import Block, GPTConfig, build_gpt
 

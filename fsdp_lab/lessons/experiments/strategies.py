@@ -11,7 +11,7 @@ from typing import Iterable, Union
 
 from fsdp_lab.lessons.experiments.common import RunSpec, mixed_precision_for, train
 from fsdp_lab.observe.traffic import comm_summary
-from fsdp_lab.runtime.memory import KINDS
+from fsdp_lab.runtime.core.memory import KINDS
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import GPTConfig
 

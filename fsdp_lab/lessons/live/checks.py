@@ -15,8 +15,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from fsdp_lab.runtime.flat_param import padded_size
-from fsdp_lab.runtime.memory import memory_report
+from fsdp_lab.runtime.core.memory import memory_report
+from fsdp_lab.runtime.fsdp1.flat_param import padded_size
 
 ROOT = "<root>"
 

@@ -8,9 +8,9 @@
     LiveMemoryChart.replay()                             # a shipped GPU trace, with its provenance
 
 The y value is `cuda_allocated` when the trace has it (a GPU run), else the runtime's exact count of live FSDP
-bytes (fsdp_lab.runtime.memory). Files are read incrementally, complete lines only, so a line the job is still writing
-is picked up on the next `update()`. The figure is drawn with matplotlib's object API into a PNG and handed to
-an Output widget as its whole output, which is safe from the background polling thread.
+bytes (fsdp_lab.runtime.core.memory). Files are read incrementally, complete lines only, so a line the job is
+still writing is picked up on the next `update()`. The figure is drawn with matplotlib's object API into a PNG and
+handed to an Output widget as its whole output, which is safe from the background polling thread.
 """
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ class MeasuredPoint:
     numel_padded_total: int  # P: flat elements after padding each unit to a multiple of N
     n: int
     strategy: str  # runtime name: FULL_SHARD, SHARD_GRAD_OP, ZERO1, NO_SHARD
-    memory: dict  # fsdp_lab.runtime.memory kinds → bytes
+    memory: dict  # fsdp_lab.runtime.core.memory kinds → bytes
     step_tensor_bytes: int  # AdamW's 0-d `step` counters, one per parameter tensor: not in the 16Φ formulas
     label: str = ""
     # the run's shape, so the planner sizes activations and logits for this model, not a LLaMA-like guess

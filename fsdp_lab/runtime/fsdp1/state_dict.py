@@ -18,7 +18,7 @@ torch FSDP1 gives, so torch.distributed.checkpoint saves each rank's piece and l
 Buffers are replicated plain tensors. torch FSDP1 gives ShardedTensor unless ShardedStateDictConfig._use_dtensor;
 ShardedTensor is deprecated and DCP treats both alike, so here it is DTensor either way. load_state_dict takes
 such a dict back (each DTensor is gathered to its full tensor, then loaded as a full state dict). The optimizer
-state follows the same settings through FSDP.optim_state_dict (fsdp_lab/runtime/optim_state_dict.py).
+state follows the same settings through FSDP.optim_state_dict (fsdp_lab/runtime/fsdp1/optim_state_dict.py).
 LOCAL_STATE_DICT (the flat shards themselves) is refused with a ValueError that says so, rather than giving a dict
 that looks like another one.
 """
@@ -31,8 +31,8 @@ from collections import OrderedDict
 
 import torch
 
-from fsdp_lab.runtime.strategy import coerce_enum
-from fsdp_lab.runtime.summon import gather_master, put_back, register_full_params, settle, summon_full_params
+from fsdp_lab.runtime.core.strategy import coerce_enum
+from fsdp_lab.runtime.fsdp1.summon import gather_master, put_back, register_full_params, settle, summon_full_params
 
 
 class StateDictType(enum.Enum):
@@ -59,7 +59,7 @@ class ShardedStateDictConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FullOptimStateDictConfig:
-    """What FSDP.optim_state_dict gives under FULL_STATE_DICT (fsdp_lab/runtime/optim_state_dict.py): full
+    """What FSDP.optim_state_dict gives under FULL_STATE_DICT (fsdp_lab/runtime/fsdp1/optim_state_dict.py): full
     tensors, on the CPU by default as in torch; rank0_only: ranks other than 0 get an empty dict."""
     offload_to_cpu: bool = True
     rank0_only: bool = False

@@ -2,7 +2,7 @@
 
 Same signature as torch.distributed.fsdp.fully_shard; options we do not support raise a ValueError naming the
 option. Applied bottom-up (each block, then the root) it makes one group per call: the parameters of the module
-that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/param_group.py), driven by a Unit.
+that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/fsdp2/param_group.py), driven by a Unit.
 
 [Note: the root of a fully_shard model] fully_shard(block) cannot know whether the block will be the root: a
 later fully_shard(model) may wrap it. As in torch, the first forward (or FSDPModule method) decides: the module
@@ -10,7 +10,7 @@ it runs on, and every fully_shard module below it, join that root's FSDPState (o
 flags, one end-of-backward callback); the root's reshard_after_forward=None becomes False (its parameters are
 needed first in backward), everyone else's True. An int k between 1 and the mesh size keeps, after forward,
 each rank's share of its group of k ranks, and backward re-gathers within that group
-([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py).
+([Note: the post-forward shard] in fsdp_lab/runtime/fsdp2/post_forward.py).
 """
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.fsdp_module import FSDPModule
-from fsdp_lab.runtime.hybrid import hybrid_state, mesh_groups, shard_coordinate
-from fsdp_lab.runtime.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
-from fsdp_lab.runtime.offload import OffloadPolicy, fsdp2_placement
-from fsdp_lab.runtime.param_group import ParamGroup
-from fsdp_lab.runtime.post_forward import check_group_size, make_post_forward_groups
-from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
-from fsdp_lab.runtime.state import FSDPState
-from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
-from fsdp_lab.runtime.unit import Unit
+from fsdp_lab.runtime.core.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
+from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
+from fsdp_lab.runtime.core.state import FSDPState
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.runtime.core.unit import Unit
+from fsdp_lab.runtime.features.hybrid import hybrid_state, mesh_groups, shard_coordinate
+from fsdp_lab.runtime.features.offload import OffloadPolicy, fsdp2_placement
+from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
+from fsdp_lab.runtime.fsdp2.param_group import ParamGroup
+from fsdp_lab.runtime.fsdp2.post_forward import check_group_size, make_post_forward_groups
 
 
 class FullyShardState:
@@ -195,7 +195,7 @@ def _mesh_device(mesh) -> torch.device:
 def _check_reshard_after_forward(value, mesh):
     """None, a bool, or (as torch) an int that divides the mesh size N: 1 means False (reshard to one rank: keep
     everything), N means True, a size k in between is returned as k: after forward, reshard to groups of k ranks
-    (fsdp_lab/runtime/post_forward.py)."""
+    (fsdp_lab/runtime/fsdp2/post_forward.py)."""
     if value is None or isinstance(value, bool):
         return value
     if not isinstance(value, int):

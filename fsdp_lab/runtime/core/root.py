@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.autograd import Variable
 
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.unit import UnitState
 
 
 def drop_abandoned_backward(ctx, units) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsdp_lab.runtime.misuse import FLAT_OF
-from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.runtime.core.misuse import FLAT_OF
+from fsdp_lab.runtime.core.strategy import ShardingStrategy
 
 
 def _local_norm_term(grads: list, norm_type: float, device: torch.device) -> torch.Tensor:
@@ -31,7 +31,7 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
     sharded = [p.grad.detach() for p in params if hasattr(p, FLAT_OF)]
     local = [p.grad.detach() for p in params if not hasattr(p, FLAT_OF)]
     # Offloaded gradients are on the host: their local term is reduced on the device and the total returned on the
-    # host, as torch FSDP1 does (fsdp_lab/runtime/offload.py).
+    # host, as torch FSDP1 does (fsdp_lab/runtime/features/offload.py).
     offloaded = model._placement.offloaded
     total = _local_norm_term(sharded, norm_type, ctx.device).to(ctx.device)
     if ctx.strategy is not ShardingStrategy.NO_SHARD:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fsdp_lab.runtime.collectives import all_gather_flat
-from fsdp_lab.runtime.state_dict import StateDictType, shard_dim0
+from fsdp_lab.runtime.core.collectives import all_gather_flat
+from fsdp_lab.runtime.fsdp1.state_dict import StateDictType, shard_dim0
 
 
 def _check_group(model, group) -> None:

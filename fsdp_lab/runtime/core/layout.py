@@ -1,13 +1,13 @@
 """The seam between the one core (unit state machine, streams, collectives, trace) and the two shard layouts.
 
 [Note: two layouts] A unit hands each of its layouts to the same gather and reduce paths
-(fsdp_lab/runtime/streams.py); only how the shards are laid out differs:
+(fsdp_lab/runtime/core/streams.py); only how the shards are laid out differs:
 
-    FlatParam (FSDP1, fsdp_lab/runtime/flat_param.py)
+    FlatParam (FSDP1, fsdp_lab/runtime/fsdp1/flat_param.py)
         every parameter of the unit end to end in one padded 1-D buffer; rank r keeps the r-th 1/N of it, cut
         wherever it falls (a weight can be split between two ranks mid-row). Copy-in and copy-out are free: the
         all-gather writes the unsharded buffer directly and the reduce-scatter reads the flat gradient.
-    ParamGroup (FSDP2, fsdp_lab/runtime/param_group.py)
+    ParamGroup (FSDP2, fsdp_lab/runtime/fsdp2/param_group.py)
         every parameter sharded on dim 0 on its own (rows [r*c, (r+1)*c) with c = ceil(dim0/N)), each an
         nn.Parameter wrapping a DTensor with placement Shard(0). One all-gather per group still: copy-in packs
         this rank's shards into one send buffer, copy-out turns the rank-major gathered buffer into one

@@ -123,7 +123,8 @@ def select_units(root: nn.Module, policy, forced: Iterable[nn.Module] = (),
                  ignored=None) -> list[tuple[str, nn.Module]]:
     """Submodules (qualified name, module) the policy wraps, innermost first; the root is not included.
     `forced` modules are units whatever the policy says (the units of FSDP instances nested in `root`). `ignored`
-    (runtime/ignored.py): ignored modules are never visited and ignored parameters never counted, as in torch."""
+    (runtime/features/ignored.py): ignored modules are never visited and ignored parameters never counted, as in
+    torch."""
     decide = _as_callable(policy, root)
     forced_ids = {id(m) for m in forced}
     chosen: list[tuple[str, nn.Module]] = []

@@ -14,31 +14,31 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.deferred_init import UnitInit
-from fsdp_lab.runtime.device import check_param_init_fn, check_process_group, resolve_device
-from fsdp_lab.runtime.flat_param import FlatParam
-from fsdp_lab.runtime.grad_norm import clip_grad_norm_
-from fsdp_lab.runtime.hybrid import device_type_of, fsdp1_groups, hybrid_state
-from fsdp_lab.runtime.ignored import resolve_ignored
-from fsdp_lab.runtime.memory import memory_report
-from fsdp_lab.runtime.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
-                                     refuse_compile, refuse_wrapped_inside, watch_optimizers)
-from fsdp_lab.runtime.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
-                                              reduce_dtype)
-from fsdp_lab.runtime.nesting import take_over_nested
-from fsdp_lab.runtime.offload import fsdp1_placement
-from fsdp_lab.runtime import optim_state_dict as optim_state
-from fsdp_lab.runtime.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
-                                          refuse_dcp_optimizer_state)
-from fsdp_lab.runtime.partition import partition_params
-from fsdp_lab.runtime.root import drop_abandoned_backward, finish_backward, queue_finish_backward
-from fsdp_lab.runtime.state import FSDPState
-from fsdp_lab.runtime.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
-                                         load_full_state_dict)
-from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
-from fsdp_lab.runtime.summon import flat_param_name, summon_full_params
-from fsdp_lab.runtime.unit import Unit, UnitState
-from fsdp_lab.runtime.wrap import select_units
+from fsdp_lab.runtime.core.memory import memory_report
+from fsdp_lab.runtime.core.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
+                                          refuse_compile, refuse_wrapped_inside, watch_optimizers)
+from fsdp_lab.runtime.core.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
+                                                   reduce_dtype)
+from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
+from fsdp_lab.runtime.core.state import FSDPState
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy, coerce_enum
+from fsdp_lab.runtime.core.unit import Unit, UnitState
+from fsdp_lab.runtime.features.deferred_init import UnitInit
+from fsdp_lab.runtime.features.hybrid import device_type_of, fsdp1_groups, hybrid_state
+from fsdp_lab.runtime.features.ignored import resolve_ignored
+from fsdp_lab.runtime.features.offload import fsdp1_placement
+from fsdp_lab.runtime.fsdp1 import optim_state_dict as optim_state
+from fsdp_lab.runtime.fsdp1.device import check_param_init_fn, check_process_group, resolve_device
+from fsdp_lab.runtime.fsdp1.flat_param import FlatParam
+from fsdp_lab.runtime.fsdp1.grad_norm import clip_grad_norm_
+from fsdp_lab.runtime.fsdp1.nesting import take_over_nested
+from fsdp_lab.runtime.fsdp1.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
+                                                 refuse_dcp_optimizer_state)
+from fsdp_lab.runtime.fsdp1.partition import partition_params
+from fsdp_lab.runtime.fsdp1.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
+                                               load_full_state_dict)
+from fsdp_lab.runtime.fsdp1.summon import flat_param_name, summon_full_params
+from fsdp_lab.runtime.fsdp1.wrap import select_units
 
 _PREFIX = "_fsdp_wrapped_module."
 

@@ -1,9 +1,9 @@
 """The gather and reduce paths of one shard layout, the side streams they run on, and what keeps memory safe.
 
 `gather_flat_param` and `reduce_flat_param` are one layout's all-gather and gradient reduction (a FlatParam or a
-ParamGroup: [Note: two layouts] in fsdp_lab/runtime/layout.py), per strategy, placed
-on the right stream; the unit (fsdp_lab/runtime/unit.py) decides *when* they run. The whole reduce path is here:
-copy-in and collective (fsdp_lab/runtime/collectives.py), copy-out (`store_grad`), and the queue of reduces the
+ParamGroup: [Note: two layouts] in fsdp_lab/runtime/core/layout.py), per strategy, placed
+on the right stream; the unit (fsdp_lab/runtime/core/unit.py) decides *when* they run. The whole reduce path is here:
+copy-in and collective (fsdp_lab/runtime/core/collectives.py), copy-out (`store_grad`), and the queue of reduces the
 compute stream has not yet waited for (`ReduceQueue`). The gather path's counterpart is the `FreeQueue`: freed
 unsharded buffers held until their readers on the compute stream are done.
 
@@ -77,9 +77,9 @@ from typing import Any, Optional
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
-from fsdp_lab.runtime.collectives import (Collective, PendingCollective, all_gather_flat, all_reduce_mean,
-                                          reduce_scatter_mean, start_all_gather_flat)
-from fsdp_lab.runtime.strategy import ShardingStrategy
+from fsdp_lab.runtime.core.collectives import (Collective, PendingCollective, all_gather_flat, all_reduce_mean,
+                                               reduce_scatter_mean, start_all_gather_flat)
+from fsdp_lab.runtime.core.strategy import ShardingStrategy
 
 
 _NOTHING = contextlib.nullcontext()  # stateless and reentrant: one serves every block that needs no context
@@ -281,7 +281,7 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
 # synchronous. A failure shows at the wait, as CollectiveFailed naming the unit.
 def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, Optional[Collective]]:
     """Issue one flat's gather into its unsharded buffer on the gather stream; with `group`, from the shards kept
-    after forward, within that group (fsdp_lab/runtime/post_forward.py). Returns (event, what moved): the
+    after forward, within that group (fsdp_lab/runtime/fsdp2/post_forward.py). Returns (event, what moved): the
     buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`). ahead=True: a
     prefetch, which on CPU is not waited for here ([Note: a prefetch on CPU])."""
     strategy, streams = ctx.strategy, ctx.streams
@@ -302,7 +302,7 @@ def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, 
         elif group is not None:  # reshard_after_forward=int ([Note: the post-forward shard])
             comm = flat.gather_in_group(full, group)
         else:  # the layout's copy-in (casting to the compute dtype: a bf16 policy sends bf16), the all-gather,
-            # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py)
+            # the layout's copy-out ([Note: two layouts] in fsdp_lab/runtime/core/layout.py)
             output = flat.gather_output(full)
             if ahead and not streams.enabled:
                 comm, pending = start_all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size,

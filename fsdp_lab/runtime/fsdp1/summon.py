@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.collectives import all_gather_flat
-from fsdp_lab.runtime.strategy import ShardingStrategy
-from fsdp_lab.runtime.unit import UnitState
+from fsdp_lab.runtime.core.collectives import all_gather_flat
+from fsdp_lab.runtime.core.strategy import ShardingStrategy
+from fsdp_lab.runtime.core.unit import UnitState
 
 
 def gather_master(unit, flat) -> torch.Tensor:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from fsdp_lab.runtime.misuse import mark_replaced
-from fsdp_lab.runtime.summon import flat_param_name, gather_master, register_full_params
+from fsdp_lab.runtime.core.misuse import mark_replaced
+from fsdp_lab.runtime.fsdp1.summon import flat_param_name, gather_master, register_full_params
 
 
 def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> list[nn.Module]:

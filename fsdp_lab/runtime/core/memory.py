@@ -4,7 +4,7 @@ Storage is counted once however many views share it (a ZeRO-1 shard is a window 
 is one slot), so the totals are what the allocator really holds for FSDP's state.
 
 Each byte is also counted where it lives, `host` or `device` ([Note: host and device] in
-fsdp_lab/runtime/offload.py): a shard and its gradient in their layout's home, unsharded buffers on the compute
+fsdp_lab/runtime/features/offload.py): a shard and its gradient in their layout's home, unsharded buffers on the compute
 device, optimizer state with its parameter (or on the host when it is a CPU tensor beside a device parameter, as
 Adam's `step` is). On a CPU-only machine both places are host memory; the split says where a GPU run keeps them.
 """
@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.runtime.misuse import FLAT_OF
-from fsdp_lab.runtime.observed import shards_params, shared_state, units_of
-from fsdp_lab.runtime.offload import Home
+from fsdp_lab.runtime.core.misuse import FLAT_OF
+from fsdp_lab.runtime.core.observed import shards_params, shared_state, units_of
+from fsdp_lab.runtime.core.placement import Home
 
 KINDS = ("params_sharded", "params_unsharded", "grads_sharded", "grads_unsharded", "optimizer_state")
 
@@ -62,7 +62,7 @@ class _Counter:
 
 def memory_report(model, optimizer=None) -> MemoryBytes:
     """Live bytes by kind on this rank, of a model wrapped by FSDP or the root of a fully_shard model, read through
-    the layout seam (fsdp_lab/runtime/layout.py): the same count for flat and per-parameter shards."""
+    the layout seam (fsdp_lab/runtime/core/layout.py): the same count for flat and per-parameter shards."""
     counter = _Counter()
     sharded = shards_params(model)
     homes = {}  # id(parameter the optimizer may hold) -> where that parameter lives

@@ -36,7 +36,7 @@ import torch
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
-from fsdp_lab.runtime.api import FSDP
+from fsdp_lab.runtime.core.observed import is_fsdp_wrapper
 
 
 class CheckpointedForward:
@@ -72,12 +72,12 @@ def apply_activation_checkpointing(module: nn.Module, check_fn: Callable[[nn.Mod
     check = check_fn
     if not callable(check):
         raise ValueError(f"check_fn must be a callable taking a module, got {check!r}")
-    root = module.module if isinstance(module, FSDP) else module
+    root = module.module if is_fsdp_wrapper(module) else module
     chosen = []
     for name, sub in module.named_modules():
         if not check(sub):
             continue
-        if isinstance(sub, FSDP):
+        if is_fsdp_wrapper(sub):
             raise ValueError(f"activation checkpointing selected the FSDP wrapper '{name or '<root>'}' itself: "
                              f"FSDP.forward cannot be recomputed inside backward. Select the modules inside it "
                              f"(e.g. check_fn=lambda m: isinstance(m, Block)).")

@@ -15,7 +15,7 @@ so after a re-gather in backward they see valid data again without being re-crea
 buffer is held in (the fp32 master and the compute dtype: 4 elements in fp32, 8 when bf16 or fp16 is used too).
 A view at an unaligned address pushes cuBLAS and vectorised kernels onto slower paths. The gaps are zeros, like
 the end padding: their gradient is zero, so they stay zero. `numel` counts them (it is where the last parameter
-ends), so the byte accounting (fsdp_lab/runtime/memory.py, fsdp_lab/theory/formulas.py) includes them.
+ends), so the byte accounting (fsdp_lab/runtime/core/memory.py, fsdp_lab/theory/formulas.py) includes them.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from fsdp_lab.runtime.layout import UnshardedViews
-from fsdp_lab.runtime.offload import Home, Placement
+from fsdp_lab.runtime.core.layout import UnshardedViews
+from fsdp_lab.runtime.core.placement import Home, Placement
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class FlatParam(UnshardedViews):
         self.reduce_dtype = reduce_dtype or compute_dtype
         originals = [param for param, _aliases in entries]
         device = device if device is not None else originals[0].device
-        # [Note: host and device] in fsdp_lab/runtime/offload.py: where the shard lives and where it computes
+        # [Note: host and device] in fsdp_lab/runtime/features/offload.py: where the shard lives and where it computes
         self.placement = placement or Placement(Home.DEVICE, device)
         self.compute_device = self.placement.compute_device
         self.master_dtype = originals[0].dtype
@@ -139,10 +139,10 @@ class FlatParam(UnshardedViews):
     def local_grads(self) -> list[torch.Tensor]:
         return [] if self.shard.grad is None else [self.shard.grad]
 
-    # -- the collectives' copy-in and copy-out ([Note: two layouts] in fsdp_lab/runtime/layout.py) -------------
+    # -- the collectives' copy-in and copy-out ([Note: two layouts] in fsdp_lab/runtime/core/layout.py) -------------
     def copy_in(self) -> torch.Tensor:
         """The all-gather's input: the shard itself (the collective casts it), no copy; offloaded, its copy on the
-        compute device, cast on the way ([Note: host and device] in fsdp_lab/runtime/offload.py)."""
+        compute device, cast on the way ([Note: host and device] in fsdp_lab/runtime/features/offload.py)."""
         if self.placement.offloaded:
             return self.placement.to_compute(self.shard.detach(), self.compute_dtype)
         return self.shard.detach()
@@ -160,7 +160,7 @@ class FlatParam(UnshardedViews):
 
     def store_shard_grad(self, out: torch.Tensor) -> None:
         """Put this rank's reduced chunk on the fp32 shard's .grad, adding to one already there (offloaded: copied
-        to the host first, [Note: accumulating offloaded gradients] in fsdp_lab/runtime/offload.py)."""
+        to the host first, [Note: accumulating offloaded gradients] in fsdp_lab/runtime/features/offload.py)."""
         if self.placement.offloaded:
             out = self.placement.to_home(out)
         if self.shard.grad is not None:

@@ -17,7 +17,7 @@ NOT_PROVIDED = {
     "flatten_sharded_optim_state_dict": _CHECKPOINT + " state",
     "rekey_optim_state_dict": "FSDP.optim_state_dict(model, optim) is keyed by parameter name already, and "
                               "FSDP.optim_state_dict_to_load(model, optim, osd) turns it into the optimizer's ids",
-    "register_comm_hook": "the collectives are fixed (fsdp_lab/runtime/collectives.py); reduce_dtype sets the "
+    "register_comm_hook": "the collectives are fixed (fsdp_lab/runtime/core/collectives.py); reduce_dtype sets the "
                           "gradient reduction's dtype",
 }
 

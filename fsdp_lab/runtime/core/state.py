@@ -5,7 +5,7 @@ notebook (or a cell re-run) never see each other's flags.
 
 `param_epoch` advances at a root forward that follows a gradient reduction (an optimizer step may have changed
 the masters in between): ZeRO-1 refreshes its replicas once per epoch ([Note: ZeRO-1 replicas] in
-fsdp_lab/runtime/streams.py).
+fsdp_lab/runtime/core/streams.py).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fsdp_lab.runtime.mixed_precision import MixedPrecision
-from fsdp_lab.runtime.strategy import BackwardPrefetch, ShardingStrategy
-from fsdp_lab.runtime.streams import CommStreams, FreeQueue, ReduceQueue
+from fsdp_lab.runtime.core.mixed_precision import MixedPrecision
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy
+from fsdp_lab.runtime.core.streams import CommStreams, FreeQueue, ReduceQueue
 
 ALL_GATHER_LIMIT = 2  # limit_all_gathers=True: torch FSDP1's rate limiter allows two all-gathers in flight
 
@@ -72,7 +72,7 @@ class FSDPState:
         """The root's forward starts, on the stream that is current now. If gradients were reduced since the last
         one, the optimizer may have stepped: a new parameter epoch begins. The gather stream waits for compute
         here, once per iteration, which also releases every freed buffer still held ([Note: three streams] and
-        [Note: memory across streams] in fsdp_lab/runtime/streams.py)."""
+        [Note: memory across streams] in fsdp_lab/runtime/core/streams.py)."""
         if self.grads_reduced:
             self.param_epoch += 1
             self.grads_reduced = False
@@ -81,7 +81,7 @@ class FSDPState:
 
     def emit(self, event: str, unit: str, phase: str, collectives: tuple = (), **extra) -> None:
         """Hand one lifecycle event to the attached tracer, if any; `collectives` are what the beat issued
-        (fsdp_lab.runtime.collectives.Collective), from which a tracer can work out the bytes."""
+        (fsdp_lab.runtime.core.collectives.Collective), from which a tracer can work out the bytes."""
         if self.tracer is not None:
             self.tracer.emit(event, unit=unit, phase=phase, collectives=collectives, **extra)
 

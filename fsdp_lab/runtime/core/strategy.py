@@ -6,7 +6,7 @@ ZeRO stage map (DeepSpeed's names → ours):
     ZeRO-1  ZERO1          only optimizer state sharded; parameters and gradients replicated (torch has no such mode)
     DDP     NO_SHARD       everything replicated; gradients all-reduced
     HSDP    HYBRID_SHARD, _HYBRID_SHARD_ZERO2: FULL_SHARD / SHARD_GRAD_OP inside the shard group (a node), replicated
-            across the replicate group (the nodes); fsdp_lab/runtime/hybrid.py
+            across the replicate group (the nodes); fsdp_lab/runtime/features/hybrid.py
 """
 from __future__ import annotations
 

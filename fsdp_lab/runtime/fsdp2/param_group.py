@@ -31,10 +31,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from fsdp_lab.runtime.collectives import Collective, all_gather_flat
-from fsdp_lab.runtime.hybrid import shard_coordinate, shard_placements
-from fsdp_lab.runtime.layout import UnshardedViews
-from fsdp_lab.runtime.offload import Home, Placement
+from fsdp_lab.runtime.core.collectives import Collective, all_gather_flat
+from fsdp_lab.runtime.core.layout import UnshardedViews
+from fsdp_lab.runtime.core.placement import Home, Placement
+from fsdp_lab.runtime.features.hybrid import shard_coordinate, shard_placements
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class ShardedParam:
 def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement,
                     into: torch.Tensor | None = None) -> nn.Parameter:
     """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
-    its placement's home ([Note: host and device] in fsdp_lab/runtime/offload.py): rank and world size of the
+    its placement's home ([Note: host and device] in fsdp_lab/runtime/features/offload.py): rank and world size of the
     mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other. `into`: the block's place in
     the group's master buffer ([Note: one master buffer]), which becomes the local tensor."""
     rows = math.ceil(param.shape[0] / world_size)
@@ -256,7 +256,7 @@ class ParamGroup(UnshardedViews):
         targets = [part.view(n, -1) for part in torch.split(full, self._padded_sizes)]
         torch.split_with_sizes_copy(output.view(n, -1), [p // n for p in self._padded_sizes], dim=1, out=targets)
 
-    # -- reshard_after_forward=int ([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py) ----------
+    # -- reshard_after_forward=int ([Note: the post-forward shard] in fsdp_lab/runtime/fsdp2/post_forward.py) ----------
     def keep_post_forward(self, group) -> None:
         """Keep block `group.rank` of `group.size` of every parameter's padded rows of `full` (one copy)."""
         parts = torch.split(self.full.detach(), self._padded_sizes)
@@ -299,7 +299,7 @@ class ParamGroup(UnshardedViews):
     def store_shard_grad(self, out: torch.Tensor) -> None:
         """Cut this rank's reduced S elements into one DTensor gradient per parameter (views, added to a
         gradient already there)."""
-        if self.placement.offloaded:  # [Note: host and device] in fsdp_lab/runtime/offload.py
+        if self.placement.offloaded:  # [Note: host and device] in fsdp_lab/runtime/features/offload.py
             out = self.placement.to_home(out)
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)

@@ -26,7 +26,7 @@ def _display(name: str) -> str:
 
 def partition_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]], ignored=None) -> list[UnitParams]:
     """Return one UnitParams per unit (wrapped modules innermost first, the root last). Parameters in `ignored`
-    (runtime/ignored.py) belong to no unit."""
+    (runtime/features/ignored.py) belong to no unit."""
     units = {id(m): UnitParams(n, m) for n, m in unit_modules}
     units[id(root)] = UnitParams("", root)
     owner_of_module: dict[int, UnitParams] = {}

@@ -3,7 +3,7 @@
 
 fully_shard replaces the module's class with `FSDP<Cls>(FSDPModule, Cls)`, so `isinstance(m, FSDPModule)` and
 `isinstance(m, Cls)` both hold and these methods sit in front of the module's own. The state they act on is the
-module's FullyShardState (fsdp_lab/runtime/fully_shard.py): a unit of the shared core.
+module's FullyShardState (fsdp_lab/runtime/fsdp2/fully_shard.py): a unit of the shared core.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The three collectives FSDP needs, each split into copy-in → communication → copy-out, each synchronous.
 
-Synchronous on purpose: the caller issues them inside a side stream (fsdp_lab/runtime/streams.py), so on CUDA a
+Synchronous on purpose: the caller issues them inside a side stream (fsdp_lab/runtime/core/streams.py), so on CUDA a
 "synchronous" collective only orders that stream, never the host, and NCCL runs it there instead of queueing
 every collective on one internal stream. On CPU the same calls simply run. The one exception is a gather issued
 ahead of its unit on CPU (`start_all_gather_flat`, [Note: a prefetch on CPU] in streams.py): without streams
@@ -36,7 +36,7 @@ class Collective:
     numel: int
     dtype: torch.dtype
     world_size: int
-    group: str = "shard"  # "shard" | "replicate" ([Note: hybrid sharding] in fsdp_lab/runtime/hybrid.py)
+    group: str = "shard"  # "shard" | "replicate" ([Note: hybrid sharding] in fsdp_lab/runtime/features/hybrid.py)
     ranks: tuple = ()  # the group's global ranks
 
 
@@ -84,7 +84,7 @@ def divide_factors(world_size: int, dtype: torch.dtype) -> tuple[float, float]:
 
 class PendingCollective:
     """A collective issued with async_op=True, as a CPU prefetch issues its all-gather ([Note: a prefetch on
-    CPU] in fsdp_lab/runtime/streams.py): `wait()` blocks until it is done (a failure raises CollectiveFailed
+    CPU] in fsdp_lab/runtime/core/streams.py): `wait()` blocks until it is done (a failure raises CollectiveFailed
     then), then runs `then` (the copy-out). It keeps the tensors the backend reads and writes alive until then."""
 
     def __init__(self, call: Collective, unit: str, work, keep: tuple, then=None):

@@ -19,7 +19,7 @@ starts, BACKWARD_POST once its gradients are reduced and it is freed. At most ct
 are issued and not yet waited for; limit_all_gathers also bounds the unsharded buffers still allocated, as
 torch's rate limiter does (at most one freed buffer is held when a new one is allocated: streams.FreeQueue).
 The copy-in and the collective run on the gather stream and the reduce-scatter on the reduce stream; a freed
-buffer's storage is held until the gather stream has waited for its readers (fsdp_lab/runtime/streams.py
+buffer's storage is held until the gather stream has waited for its readers (fsdp_lab/runtime/core/streams.py
 explains the ordering and the memory rules). On CPU the same code runs with null streams: a gather issued early
 runs on gloo's thread until the unit waits for it ([Note: a prefetch on CPU] in streams.py), every other
 collective completes before its call returns. Reductions are waited for at the latest by the root's
@@ -32,8 +32,8 @@ import enum
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from fsdp_lab.runtime.strategy import BackwardPrefetch
-from fsdp_lab.runtime.streams import gather_flat_param, label, reduce_flat_param
+from fsdp_lab.runtime.core.strategy import BackwardPrefetch
+from fsdp_lab.runtime.core.streams import gather_flat_param, label, reduce_flat_param
 
 
 class UnitState(enum.Enum):
@@ -46,7 +46,7 @@ class UnitState(enum.Enum):
     """The unit's full parameters are live and the module's attributes are views of them."""
     SHARDED_POST_FORWARD = "SHARDED_POST_FORWARD"
     """fully_shard's reshard_after_forward=int after forward: the unsharded buffer is freed, and this rank keeps
-    its group's part of it for backward's re-gather within the group (fsdp_lab/runtime/post_forward.py)."""
+    its group's part of it for backward's re-gather within the group (fsdp_lab/runtime/fsdp2/post_forward.py)."""
 
 
 _TRANSITIONS = {
@@ -184,7 +184,7 @@ class Unit:
 
     def reshard_to_group(self) -> None:
         """reshard_after_forward=int: free the unsharded buffer as free() does, keeping this rank's part of it for
-        its group ([Note: the post-forward shard] in fsdp_lab/runtime/post_forward.py). The copy runs on the
+        its group ([Note: the post-forward shard] in fsdp_lab/runtime/fsdp2/post_forward.py). The copy runs on the
         gather stream, which wrote `full` and reads the kept shards again."""
         group = self.post_forward_group
         with torch.no_grad(), self.ctx.streams.side("gather"):

@@ -16,7 +16,7 @@ DEVICE) and its compute device. What moves, per unit and step:
 A rank's device then holds only unsharded units, their gradients until reduced, and activations. On a machine
 without an accelerator the compute device is the CPU too: every "host to device" copy is still made (a host
 copy), so the same code path runs and the tests can check, from the placement, where each byte would live
-(fsdp_lab/runtime/memory.py splits its count so). Pinned host memory (torch pins offloaded shards, and FSDP2
+(fsdp_lab/runtime/core/memory.py splits its count so). Pinned host memory (torch pins offloaded shards, and FSDP2
 pins when pin_memory=True) needs an accelerator; without one the shards are plain host memory, since nothing
 copies to a device asynchronously there.
 
@@ -27,10 +27,11 @@ offload and as torch FSDP2 does: one backward per step gives torch's result exac
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
+
+from fsdp_lab.runtime.core.placement import Home, Placement
 
 
 @dataclass
@@ -51,50 +52,6 @@ class CPUOffload:
     and gradients on the host ([Note: host and device])."""
 
     offload_params: bool = False
-
-
-class Home(enum.Enum):
-    DEVICE = "device"
-    """The shard, its gradient and the optimizer state live on the compute device."""
-    HOST = "host"
-    """They live in host memory; copies go to the compute device before each gather."""
-
-
-HOST = torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one layout's sharded state lives and where it is gathered and computed ([Note: host and device])."""
-
-    home: Home
-    compute_device: torch.device
-    pin_memory: bool = False
-
-    @property
-    def offloaded(self) -> bool:
-        return self.home is Home.HOST
-
-    @property
-    def home_device(self) -> torch.device:
-        return HOST if self.offloaded else self.compute_device
-
-    def to_home(self, tensor: torch.Tensor, pin: bool = False) -> torch.Tensor:
-        """A copy of `tensor` in the shard's home; pin=True (a shard, copied to the device every gather) pins it
-        where the policy asks and an accelerator makes it possible. A gradient is copied once: not pinned."""
-        if not self.offloaded:
-            return tensor if tensor.device == self.compute_device else tensor.to(self.compute_device)
-        out = tensor.to(HOST, copy=True)
-        if pin and self.pin_memory and torch.cuda.is_available():
-            out = out.pin_memory()
-        return out
-
-    def to_compute(self, tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """`tensor` on the compute device in `dtype`; from the host always a new tensor (the copy-in)."""
-        dtype = dtype or tensor.dtype
-        if not self.offloaded:
-            return tensor if tensor.dtype == dtype else tensor.to(dtype)
-        return tensor.to(self.compute_device, dtype, non_blocking=tensor.is_pinned(), copy=True)
 
 
 def fsdp1_placement(cpu_offload, compute_device: torch.device) -> Placement:

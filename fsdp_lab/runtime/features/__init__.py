@@ -1,0 +1,1 @@
+"""The lab features, one file each, for both front ends: offload, hybrid, deferred init, ignored, checkpointing."""
