@@ -115,10 +115,11 @@ def _node_groups(per_node: int) -> DataParallelGroups:
 # the all-reduce over its column averages the R copies of its shard. Anything else trains wrong without an error
 # ((WORLD, WORLD): each rank's reduce-scatter leaves it a different chunk, and the all-reduce then averages
 # those different chunks into one another) or fails on a rank left out (a (3, 1) mesh on 4 ranks: an
-# IndexError from DeviceMesh on rank 3). So it is refused here, on every rank, with the sizes and ranks. A mesh is a grid by construction once it holds every
-# rank once; two process groups are checked on each rank: both hold it, they share only it, and their sizes
-# multiply to the world size (a check without collectives: a layout that passes it on every rank and is still no
-# grid needs shard groups that overlap without being equal, which no node layout gives).
+# IndexError from DeviceMesh on rank 3). So it is refused here, on every rank, with the sizes and ranks. A mesh
+# is a grid by construction once it holds every rank once; two process groups are checked on each rank: both
+# hold it, they share only it, and their sizes multiply to the world size (a check without collectives: a
+# layout that passes it on every rank and is still no grid needs shard groups that overlap without being
+# equal, which no node layout gives).
 def check_grid(groups: DataParallelGroups, front: str) -> DataParallelGroups:
     """`groups` (two process groups, or a 2-D mesh (replicate, shard) with no groups yet) if they form a shard x
     replicate grid of the job's ranks, with the mesh's groups filled in; ValueError naming the sizes otherwise."""
