@@ -27,7 +27,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 try:
     import fcntl
@@ -140,14 +140,21 @@ def replaceable(path: str | os.PathLike) -> Path:
 def replace_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` (UTF-8) to a temp file beside `path`, fsync, then os.replace it in; returns the path written
     (a symlink's target). Parent folders are created. FileRefused if `path` is not replaceable."""
+    return replace_file(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def replace_file(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """`write(f)` into a binary temp file beside `path`, fsync, then os.replace it in; returns the path written
+    (a symlink's target). If `write` raises, `path` is untouched and the temp file removed. Parent folders are
+    created. FileRefused if `path` is not replaceable."""
     target = replaceable(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")  # mode 0600
     try:
         if target.exists():  # keep who may read it: a class export shared with co-instructors stays shared
             os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         replaceable(target)  # still absent or regular: nothing swapped a device in while we wrote

@@ -345,3 +345,27 @@ def all_cases(rank, world_size, directory):
     cases = dict(CASES, checkpoint=lambda r, w: fsdp1_checkpoint_resume(r, w, directory),
                  fsdp2_dcp=lambda r, w: fsdp2_dcp_resume(r, w, directory + "-fsdp2"))
     return _cases(rank, world_size, cases)
+
+
+def _three_by_one():
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", torch.arange(3).view(3, 1), mesh_dim_names=NAMES)  # rank 3 is in no group
+
+
+def _built(model) -> str:
+    return f"built {type(model).__name__}"
+
+
+def grid_refusals(rank, world_size):
+    """Groups that are no shard x replicate grid, refused on every rank by one check (runtime/hybrid.py)."""
+    wrap = {"auto_wrap_policy": ModuleWrapPolicy({Block})}
+    world = dist.group.WORLD
+    got = {"world_world": seen(lambda: _built(FSDP(gpt(), sharding_strategy="HYBRID_SHARD",
+                                                   process_group=(world, world), **wrap)))}
+    if world_size == 4:
+        got["fsdp1_3x1"] = seen(lambda: _built(FSDP(gpt(), sharding_strategy="HYBRID_SHARD",
+                                                    device_mesh=_three_by_one(), **wrap)))
+        got["fsdp2_3x1"] = seen(lambda: _built(fully_shard(gpt(), mesh=_three_by_one())))
+    dist.barrier()
+    return got

@@ -88,3 +88,36 @@ def say_everything(rank: int, world_size: int) -> dict:
     out["ratio"] = {"right": str(checks.comm_ratio(f / d, events, ddp_tr.events)),
                     "inverted": str(checks.comm_ratio(d / f, events, ddp_tr.events))}
     return out
+
+
+def say_to_other_models(rank: int, world_size: int) -> dict:
+    """Every check that reads a model, given a plain nn.Module and the other front end's model."""
+    from fsdp_lab import fully_shard
+
+    plain = build_gpt("tiny")
+    fsdp1 = FSDP(build_gpt("tiny"), auto_wrap_policy=ModuleWrapPolicy({Block}))
+    fsdp2 = build_gpt("tiny")
+    for block in fsdp2.blocks:
+        fully_shard(block)
+    fully_shard(fsdp2)
+
+    def rows(dim0, n, r):
+        size = -(-dim0 // n)
+        return min(r * size, dim0), min((r + 1) * size, dim0)
+
+    calls = {"state_bytes": lambda m: checks.state_bytes(1000.0, m, None),
+             "shard_range": lambda m: checks.shard_range(rows, m),
+             "mixed_precision": lambda m: checks.mixed_precision(m),
+             "gathered_after_forward": lambda m: checks.gathered_after_forward(1000.0, None, m),
+             "wrapped_units": lambda m: checks.wrapped_units(m, Block),
+             "dim0_rows": lambda m: checks.dim0_rows(rows, m)}
+    out = {}
+    for name, call in calls.items():
+        others = {"plain": plain, "fully_shard": fsdp2} if name != "dim0_rows" else {"plain": plain, "FSDP": fsdp1}
+        for kind, model in others.items():
+            try:
+                out[name, kind] = str(call(model))
+            except Exception as exc:  # noqa: BLE001 - a raise is what the test refuses
+                out[name, kind] = f"raised {type(exc).__name__}: {exc}"
+    out["dim0_rows", "fully_shard"] = str(checks.dim0_rows(rows, fsdp2))
+    return out

@@ -146,3 +146,21 @@ def test_fully_shard_2d_mesh_bytes_per_group(ranks):
         across = sum(_ring("all_reduce", n // 2, 2) for _name, n, _r in got["units"])
         assert got["by_collective"] == {("shard", "all_gather"): gathers, ("shard", "reduce_scatter"): scatter,
                                         ("replicate", "all_reduce"): across}, got
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_groups_that_are_no_shard_by_replicate_grid_are_refused_on_every_rank(world_size):
+    from ranks_hybrid import grid_refusals
+
+    every = run_on_ranks(grid_refusals, world_size, timeout_s=120)
+    for rank, got in enumerate(every):
+        assert got["world_world"] == (
+            f"ValueError: HYBRID_SHARD needs the shard and replicate groups to form a grid of the {world_size} "
+            f"ranks: rank {rank}'s shard group {list(range(world_size))} ({world_size} ranks) times its replicate "
+            f"group {list(range(world_size))} ({world_size} ranks) is {world_size * world_size} ranks, not "
+            f"{world_size}"), got
+        if world_size == 4:
+            for key, front in (("fsdp1_3x1", "HYBRID_SHARD"), ("fsdp2_3x1", "fully_shard")):
+                assert got[key] == (f"ValueError: {front} needs the shard and replicate groups to form a grid of "
+                                    f"the 4 ranks: the mesh [[0], [1], [2]] (replicate 3 x shard 1) holds 3 ranks, "
+                                    f"not 4"), (rank, got)

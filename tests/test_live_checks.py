@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsdp_lab.training.launch import run_on_ranks
-from ranks_live_checks import say_everything
+from ranks_live_checks import say_everything, say_to_other_models
 
 pytestmark = pytest.mark.slow
 
@@ -82,3 +82,27 @@ def test_reduce_scatter_check_pads_as_the_runtime_does():
     assert reduce_scatter_mean(mean[3:], grads, 1).ok
     assert "each rank keeps 1/2 (5 padded to 6): 3" in str(reduce_scatter_mean(mean[2:], grads, 1))
     assert "that is the sum of the ranks' chunks" in str(reduce_scatter_mean(mean[3:] * 2, grads, 1))
+
+
+@pytest.fixture(scope="module")
+def told():
+    return run_on_ranks(say_to_other_models, 2, timeout_s=180)
+
+
+CHECKS_OF_A_MODEL = ("state_bytes", "shard_range", "mixed_precision", "gathered_after_forward", "wrapped_units",
+                     "dim0_rows")
+
+
+@pytest.mark.parametrize("check", CHECKS_OF_A_MODEL)
+def test_a_check_given_a_plain_model_or_the_other_front_end_says_what_it_got(told, check):
+    for rank, out in enumerate(told):
+        plain = out[check, "plain"]
+        assert plain.startswith("not yet: ") and "a plain GPT (not wrapped by fsdp_lab)" in plain, (rank, plain)
+        other, wants = ("FSDP", "fully_shard") if check == "dim0_rows" else ("fully_shard", "FSDP(...)")
+        if check == "state_bytes":  # reads either front end's memory: a fully_shard model is a right one
+            assert not out[check, other].startswith("raised"), out[check, other]
+            continue
+        said = out[check, other]
+        got = "an FSDP-wrapped GPT" if other == "FSDP" else "a fully_shard model (FSDPGPT)"
+        assert said.startswith(f"not yet: {check} reads a model wrapped by {wants}; this is {got}"), (rank, said)
+    assert all(out["dim0_rows", "fully_shard"].startswith("ok: ") for out in told)

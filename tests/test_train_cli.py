@@ -142,8 +142,8 @@ def test_the_built_model_gets_the_prefetch_options(options):
 @pytest.fixture(scope="module")
 def four_rank_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train4")
-    result = fsdp_lab_train("--nproc-per-node", 4, "--steps", 4, "--global-batch", 8, "--checkpoint-dir",
-                            tmp / "ck", "--checkpoint-every", 2, "--json-log", tmp / "log.jsonl", "--trace",
+    result = fsdp_lab_train("--nproc-per-node", 4, "--allow-oversubscribe", "--steps", 4, "--global-batch", 8,
+                            "--checkpoint-dir", tmp / "ck", "--checkpoint-every", 2, "--json-log", tmp / "log.jsonl", "--trace",
                             tmp / "trace", "--export", tmp / "gpt.pt", "--timeout", 60)
     return tmp, result
 

@@ -328,3 +328,20 @@ def test_log_every_and_the_progress_bar_only_on_a_terminal():
     assert steps == [1, 10, 12] and "step/s" in text  # the first, every 10th and the last, beside the bar
     text, steps = on_a_pty("--steps", 6, "--log-every", 2, "--no-progress")
     assert steps == [1, 2, 4, 6] and "step/s" not in text
+
+
+def test_a_non_finite_model_never_replaces_a_good_export(tmp_path):
+    out = tmp_path / "model.pt"  # a good export of an earlier run: lr 1e30 must not turn it into NaN
+    import torch
+    torch.save({"w": torch.ones(3)}, out)
+    before = out.read_bytes()
+    code, stdout, err, _ = train("--nproc-per-node", 2, "--steps", 3, "--lr", 1e30, "--export", out,
+                                 "--timeout", 60)
+    assert code == 4, err
+    no_traceback(err)
+    assert "loss nan" in stdout and "exported" not in stdout
+    assert (f"checkpoint error: {out} not written: NaN or inf in model/<root>/params, model/blocks.0/params, "
+            f"model/blocks.1/params (on rank(s) 0, 1)") in err, err
+    assert f"{out} is left as it was" in err
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left beside it

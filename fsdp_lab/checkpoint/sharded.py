@@ -3,6 +3,7 @@
     save(model, optimizer, directory, step)   every rank writes its own piece, in parallel; atomic (see below)
     load(model, optimizer, path) -> meta      any world size, any sharding strategy, same wrap policy
     full_state_dict(model)                    rank 0 gets {original name: fp32 tensor}, the plain model's keys
+    export_full_state_dict(model, out)        that, written to `out` atomically; a non-finite model is refused
     export_checkpoint(path, out)              a plain torch.save file from a checkpoint, in one process
 
 [Note: a world-size-independent layout] A rank's shard is a chunk of its unit's *padded* flat buffer, and the
@@ -45,6 +46,7 @@ from fsdp_lab.runtime.core.strategy import ShardingStrategy
 from fsdp_lab.runtime.features.hybrid import checkpoint_mesh
 from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.state_dict import FullStateDictConfig, StateDictType
+from fsdp_lab.user_files import replace_file
 
 
 # -- the layout: which piece of which flat buffer each rank writes and reads ------------------------------
@@ -222,29 +224,35 @@ def _one_line(err: BaseException) -> str:
     return "; ".join(parts)
 
 
-def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
-    """Collective: raise CheckpointError on every rank if any rank's parameters or optimizer state hold NaN or
-    inf. Such a state is not saved, so `latest` keeps naming the last finite one."""
-    bad = ""
+def non_finite(model, optimizer=None) -> list[tuple[int, list[str]]]:
+    """Collective: the ranks whose parameter shards (or, given `optimizer`, optimizer state) hold NaN or inf,
+    each with the keys that do ("model/<unit>", "optim/<unit>/<state>"). The one check both a checkpoint save
+    and a full-state-dict export run before they write anything."""
+    bad = []
     for key, _unit, flat in flats(model):
         if not torch.isfinite(flat.shard.detach()).all():
-            bad = f"model/{key}"
-            break
-    if not bad and optimizer is not None:
+            bad.append(f"model/{key}")
+    if optimizer is not None:
         for key, _flat, members in optimizer_members(model, optimizer):
             for p, _start, _length in members:
                 for name, value in optimizer.state.get(p, {}).items():
                     if isinstance(value, torch.Tensor) and value.is_floating_point() and \
-                            not torch.isfinite(value.detach()).all():
-                        bad = bad or f"optim/{key}/{name}"
+                            not torch.isfinite(value.detach()).all() and f"optim/{key}/{name}" not in bad:
+                        bad.append(f"optim/{key}/{name}")
     ctx = model._ctx
     found = [None] * ctx.world_size
     dist.all_gather_object(found, bad, group=ctx.pg)
-    named = [(rank, key) for rank, key in enumerate(found) if key]
+    return [(rank, keys) for rank, keys in enumerate(found) if keys]
+
+
+def _refuse_non_finite(model, optimizer, step: int, directory) -> None:
+    """Collective: raise CheckpointError on every rank if any rank's parameters or optimizer state hold NaN or
+    inf. Such a state is not saved, so `latest` keeps naming the last finite one."""
+    named = non_finite(model, optimizer)
     if named:
         newest = trust.published(directory)
-        rank, key = named[0]
-        raise CheckpointError(f"step {step} not saved: {key} holds NaN or inf on rank {rank} "
+        rank, keys = named[0]
+        raise CheckpointError(f"step {step} not saved: {keys[0]} holds NaN or inf on rank {rank} "
                               f"({len(named)} rank(s) affected); the newest checkpoint is still "
                               f"{newest[0].path.name if newest else 'none'}", every_rank=True)
 
@@ -397,6 +405,23 @@ def full_state_dict(model) -> dict:
         return dict(model.state_dict())
 
 
+def export_full_state_dict(model, out: str | os.PathLike) -> int:
+    """Collective: write the plain model's state dict (`full_state_dict`) to `out` from rank 0 and return the
+    number of tensors written (0 on the other ranks). A model holding NaN or inf is not written: CheckpointError
+    on every rank naming the tensors, and an existing `out` (a good export of an earlier run) is kept. The
+    write is atomic (temp file beside `out`, then rename), so a crash leaves the old file or the new one."""
+    named = non_finite(model)
+    if named:
+        keys = sorted({key for _rank, ks in named for key in ks})
+        ranks = ", ".join(str(rank) for rank, _ks in named)
+        raise CheckpointError(f"{out} not written: NaN or inf in {', '.join(keys)} (on rank(s) {ranks}); "
+                              f"{out} is left as it was", every_rank=True)
+    state = full_state_dict(model)
+    if model._ctx.rank == 0:
+        replace_file(out, lambda f: torch.save(state, f))
+    return len(state)
+
+
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, allow_unverified: bool = False) -> dict:
     """Write a checkpoint's model as a plain `torch.save` state dict (original names, fp32). One process, no
     process flat, any world size saved it. `out` may not be any of the checkpoint's own files (ownership.py).
@@ -429,6 +454,5 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, allow_unv
                 by_name[name] = tensor
     result = {name: by_name[name] for name in meta["state_dict_order"]}
     result.update(buffers)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(result, out)
+    replace_file(out, lambda f: torch.save(result, f))
     return meta

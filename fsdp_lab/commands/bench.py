@@ -16,6 +16,7 @@ import sys
 
 from fsdp_lab.commands._argtypes import number, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_file_problem, replaced_file_problem
+from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
 
 NAME = "bench"
 HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/s, TFLOP/s, peak memory)."
@@ -28,6 +29,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the ranks compute")
     p.add_argument("--nproc-per-node", type=positive_int, default=None,
                    help="ranks to spawn (default: 2 on CPU, 1 on CUDA)")
+    add_oversubscribe_flag(p)
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl on CUDA with one rank per GPU, gloo otherwise")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size")
@@ -67,7 +69,8 @@ def run(args) -> int:
 
     nproc = args.nproc_per_node or (2 if args.device == "cpu" else 1)
     problem = first_problem(output_file_problem("--trace", args.trace),
-                            replaced_file_problem("--json-out", args.json_out))
+                            replaced_file_problem("--json-out", args.json_out),
+                            oversubscribe_problem(nproc, args.allow_oversubscribe))
     if problem:
         print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from fsdp_lab.commands._argtypes import positive_int
+from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
 
 NAME = "demo"
 HELP = "train the small GPT on 2 CPU ranks (gloo) beside a single-process reference"
@@ -16,6 +17,7 @@ def add_arguments(p):
 
     p.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=positive_int, default=2,
                    help="number of CPU ranks, as in train and bench (--world-size: the old spelling) (default 2)")
+    add_oversubscribe_flag(p)
     p.add_argument("--steps", type=positive_int, default=5, help="optimizer steps, numbered 1..N")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size")
     p.add_argument("--global-batch", type=positive_int, default=8,
@@ -35,6 +37,10 @@ def run(args) -> int:
     if args.global_batch % world:
         print(f"fsdp-lab demo: error: --global-batch {args.global_batch} does not divide by --nproc-per-node "
               f"{world}; each rank needs equal rows", file=sys.stderr)
+        return 2
+    problem = oversubscribe_problem(world, args.allow_oversubscribe)
+    if problem:
+        print(f"fsdp-lab demo: error: {problem}", file=sys.stderr)
         return 2
     print(f"fsdp_lab {args.strategy} on {world} CPU ranks (gloo), GPT preset '{args.preset}', "
           f"global batch {args.global_batch}")

@@ -30,6 +30,7 @@ from fsdp_lab.commands import _exit_codes as exit_codes
 from fsdp_lab.commands import _rendezvous
 from fsdp_lab.commands._argtypes import count, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
+from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
 
 NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
@@ -123,6 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     g = parser.add_argument_group("processes (passed to torchrun)")
     g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks on this node (default 1)")
+    add_oversubscribe_flag(g)
     g.add_argument("--nnodes", type=positive_int, default=1, help="number of nodes (default 1)")
     g.add_argument("--node-rank", type=count, default=0, help="this node's index, 0..nnodes-1 (default 0)")
     g.add_argument("--rdzv-endpoint", type=_endpoint, metavar="HOST:PORT",
@@ -178,6 +180,9 @@ def _check(args, cfg, machine: bool = True) -> int | None:
                       f"({args.nnodes} node(s) x {args.nproc_per_node} process(es)); each rank needs equal rows")
     if not machine:
         return None
+    problem = oversubscribe_problem(args.nproc_per_node, args.allow_oversubscribe)
+    if problem:
+        return _usage(problem)
     if args.rdzv_endpoint and args.node_rank == 0 and args.rdzv_backend == "static":
         problem = _rendezvous.port_problem("--rdzv-endpoint", args.rdzv_endpoint)  # node 0 hosts the store there
         if problem:

@@ -410,11 +410,9 @@ def _train_from(rank, world_size, cfg, model, optimizer, device, console, start,
                         if removed else ""
                     say(f"saved {path} in {time.perf_counter() - t0:.2f} s{note}")
         if cfg.export:
-            state = checkpoint.full_state_dict(model)
+            written = checkpoint.export_full_state_dict(model, cfg.export)
             if rank == 0:
-                Path(cfg.export).parent.mkdir(parents=True, exist_ok=True)
-                torch.save(state, cfg.export)
-                say(f"exported the full state dict ({len(state)} tensors) to {cfg.export}")
+                say(f"exported the full state dict ({written} tensors) to {cfg.export}")
     except BaseException as err:
         err.fsdp_lab_step = step  # the worker names the step in its one-line error
         raise

@@ -16,7 +16,9 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from fsdp_lab.runtime.core.memory import memory_report
+from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.flat_param import padded_size
+from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
 
 ROOT = "<root>"
 
@@ -39,6 +41,29 @@ def close_to(a: float, b: float, rel: float = 0.01) -> bool:
 
 def not_written(name: str, err: NotImplementedError) -> Verdict:
     return Verdict(False, f"{name} is not written yet" + (f" ({err})" if str(err) else ""), todo=True)
+
+
+# [Note: the model a check reads] A learner passes whatever model the cell holds: the plain one they forgot to wrap,
+# or the other front end's from an earlier chapter. Each check that reads a model says first which front end it
+# reads and what it got, instead of failing on a missing attribute.
+FSDP1, FSDP2 = "FSDP(...)", "fully_shard"
+
+
+def _described(model) -> str:
+    if isinstance(model, FSDP):
+        return f"an FSDP-wrapped {type(model.module).__name__}"
+    if isinstance(model, FSDPModule):
+        return f"a fully_shard model ({type(model).__name__})"
+    return f"a plain {type(model).__name__} (not wrapped by fsdp_lab)"
+
+
+def wrong_model(check: str, model, *fronts: str) -> Optional[Verdict]:
+    """None if `model` is wrapped by one of `fronts` (FSDP1, FSDP2), else the Verdict that names what it is."""
+    if (FSDP1 in fronts and isinstance(model, FSDP)) or (FSDP2 in fronts and isinstance(model, FSDPModule)):
+        return None
+    how = " or ".join(fronts)
+    return Verdict(False, f"{check} reads a model wrapped by {how}; this is {_described(model)}: pass the model "
+                          f"the exercise wrapped with {how}")
 
 
 def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: int, world_size: int,
@@ -67,9 +92,17 @@ def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: i
 
 def state_bytes(predicted: float, model, optimizer) -> Verdict:
     """`predicted`: the bytes of parameters, gradients and optimizer state one rank holds after a step."""
+    wrong = wrong_model("state_bytes", model, FSDP1, FSDP2)
+    if wrong:
+        return wrong
     mem = memory_report(model, optimizer)
+    if isinstance(model, FSDP):
+        rank, world_size = model.rank, model.world_size
+    else:  # the shard dimension of the root's mesh (HSDP: the replicas hold the same bytes)
+        mesh = model._fsdp_lab_state.mesh
+        rank, world_size = mesh.get_local_rank(mesh.ndim - 1), mesh.size(mesh.ndim - 1)
     return state_bytes_of(predicted, mem.params_sharded + mem.params_unsharded,
-                          mem.grads_sharded + mem.grads_unsharded, mem.optimizer_state, model.world_size, model.rank)
+                          mem.grads_sharded + mem.grads_unsharded, mem.optimizer_state, world_size, rank)
 
 
 @dataclass(frozen=True)
@@ -119,6 +152,9 @@ def shard_range_of(fn: Callable[[int, int, int], tuple], chunks: Sequence[Chunk]
 
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer."""
+    wrong = wrong_model("shard_range", model, FSDP1)
+    if wrong:
+        return wrong
     chunks = [Chunk(unit.name, flat.numel, flat.world_size, flat.rank, flat.padded_numel, flat.shard_offset,
                     flat.shard_numel) for unit in model.units for flat in unit.flats]
     verdict = shard_range_of(fn, chunks)
@@ -165,6 +201,9 @@ def beat_order(fn: Callable[[list, str], list], events: Sequence[dict], strategy
 
 def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float32) -> Verdict:
     """The chapter's policy: gather and compute in `param_dtype`, reduce in `reduce_dtype`, fp32 master shards."""
+    wrong = wrong_model("mixed_precision", model, FSDP1)
+    if wrong:
+        return wrong
     ctx = model._ctx
     masters = {flat.shard.dtype for unit in model.units for flat in unit.flats}
     if ctx.mixed_precision is None:
@@ -183,6 +222,9 @@ def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float3
 
 def gathered_after_forward(predicted: float, report, model) -> Verdict:
     """`predicted`: params_unsharded bytes right after the forward (`report`: memory_report then)."""
+    wrong = wrong_model("gathered_after_forward", model, FSDP1)
+    if wrong:
+        return wrong
     measured = report.params_unsharded
     if close_to(predicted, measured):
         return Verdict(True, f"{measured:,} B of gathered parameters wait for the backward under "
@@ -199,6 +241,9 @@ def gathered_after_forward(predicted: float, report, model) -> Verdict:
 
 def wrapped_units(model, block_cls: type) -> Verdict:
     """One unit per `block_cls` plus the root: the granularity the chapter asks for."""
+    wrong = wrong_model("wrapped_units", model, FSDP1)
+    if wrong:
+        return wrong
     names = [u.name for u in model.units]
     blocks = [name for name, m in model.module.named_modules() if isinstance(m, block_cls)]
     if names == [ROOT]:
@@ -287,6 +332,9 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
 def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
     Shard(0), compared with every DTensor parameter of the learner's fully_shard model."""
+    wrong = wrong_model("dim0_rows", model, FSDP2)
+    if wrong:
+        return wrong
     rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
     for name, param in model.named_parameters():
         local = getattr(param, "_local_tensor", None)

@@ -64,13 +64,13 @@ def fsdp1_groups(process_group, device_mesh, strategy, auto_wrap_policy, device_
         if device_mesh.ndim != 2:
             raise ValueError(f"{strategy.name} expects a device_mesh with ndim=2 (replicate, shard) but got "
                              f"ndim={device_mesh.ndim}")
-        return DataParallelGroups(device_mesh.get_group(mesh_dim=1), device_mesh.get_group(mesh_dim=0), device_mesh)
+        return check_grid(DataParallelGroups(None, None, device_mesh), strategy.name)
     if process_group is not None:
         if not (isinstance(process_group, tuple) and len(process_group) == 2
                 and all(isinstance(pg, dist.ProcessGroup) for pg in process_group)):
             raise ValueError(f"{strategy.name} expects process_group as None or a tuple (shard_pg, replicate_pg) "
                              f"of two ProcessGroups, got {type(process_group).__name__}")
-        return DataParallelGroups(*process_group)
+        return check_grid(DataParallelGroups(*process_group), strategy.name)
     if auto_wrap_policy is None:
         raise ValueError(f"Manual wrapping with {strategy.name} requires explicit specification of process group "
                          f"or device_mesh (as in torch FSDP1): pass device_mesh=init_device_mesh(device, "
@@ -110,6 +110,39 @@ def _node_groups(per_node: int) -> DataParallelGroups:
     return DataParallelGroups(shard, replicate)
 
 
+# [Note: a shard x replicate grid] HSDP is only right when the ranks form a grid: R rows of S ranks, each row a
+# shard group, each column a replicate group, R * S = the world size. Then every rank holds 1/S of each unit and
+# the all-reduce over its column averages the R copies of its shard. Anything else trains wrong without an error
+# ((WORLD, WORLD): each rank's reduce-scatter leaves it a different chunk, and the all-reduce then averages
+# those different chunks into one another) or fails on a rank left out (a (3, 1) mesh on 4 ranks: an
+# IndexError from DeviceMesh on rank 3). So it is refused here, on every rank, with the sizes and ranks. A mesh
+# is a grid by construction once it holds every rank once; two process groups are checked on each rank: both
+# hold it, they share only it, and their sizes multiply to the world size (a check without collectives: a
+# layout that passes it on every rank and is still no grid needs shard groups that overlap without being
+# equal, which no node layout gives).
+def check_grid(groups: DataParallelGroups, front: str) -> DataParallelGroups:
+    """`groups` (two process groups, or a 2-D mesh (replicate, shard) with no groups yet) if they form a shard x
+    replicate grid of the job's ranks, with the mesh's groups filled in; ValueError naming the sizes otherwise."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    start = f"{front} needs the shard and replicate groups to form a grid of the {world} ranks: "
+    if groups.shard is None:
+        mesh = groups.mesh
+        ranks = mesh.mesh.flatten().tolist()
+        if len(ranks) != world or sorted(ranks) != list(range(world)):
+            raise ValueError(f"{start}the mesh {mesh.mesh.tolist()} (replicate {mesh.size(0)} x shard "
+                             f"{mesh.size(1)}) holds {len(set(ranks))} ranks, not {world}")
+        return DataParallelGroups(mesh.get_group(1), mesh.get_group(0), mesh)
+    shard, replicate = list(groups.shard_ranks), list(groups.replicate_ranks)
+    mine = f"rank {rank}'s shard group {shard} ({len(shard)} ranks)"
+    if len(shard) * len(replicate) != world:
+        raise ValueError(f"{start}{mine} times its replicate group {replicate} ({len(replicate)} ranks) is "
+                         f"{len(shard) * len(replicate)} ranks, not {world}")
+    if set(shard) & set(replicate) != {rank}:
+        raise ValueError(f"{start}{mine} and its replicate group {replicate} must share exactly this rank, "
+                         f"they share {sorted(set(shard) & set(replicate))}")
+    return groups
+
+
 # -- FSDP2: a 2-D mesh (replicate, shard) -----------------------------------------------------------------------
 def mesh_groups(mesh) -> DataParallelGroups:
     """The groups of fully_shard's mesh: 1-D shards over all of it; 2-D (HSDP) replicates over dim 0 and shards
@@ -117,7 +150,7 @@ def mesh_groups(mesh) -> DataParallelGroups:
     if mesh.ndim == 1:
         return DataParallelGroups(mesh.get_group(), mesh=mesh)
     if mesh.ndim == 2:
-        return DataParallelGroups(mesh.get_group(1), mesh.get_group(0), mesh)
+        return check_grid(DataParallelGroups(None, None, mesh), "fully_shard")
     raise ValueError(f"fully_shard mesh with {mesh.ndim} dimensions is not supported by fsdp_lab; pass a 1-D mesh "
                      f"(FSDP) or a 2-D mesh (replicate, shard) (HSDP)")
 

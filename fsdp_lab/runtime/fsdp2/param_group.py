@@ -170,6 +170,8 @@ class ParamGroup(UnshardedViews):
         copied to the compute device from the host by the same foreach copy. One copy of the group's master
         buffer where the layout allows ([Note: one master buffer])."""
         self._retie()
+        if not self.requires_grad:
+            self._refuse_unfrozen()
         if self.copies_master():
             send = self.full.data if self.world_size == 1 else torch.empty(
                 self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
@@ -182,8 +184,26 @@ class ParamGroup(UnshardedViews):
             send = torch.empty(self.shard_numel, dtype=self.compute_dtype, device=self.full.device)
             parts = torch.split(send, self._send_sizes)
             targets = [parts[i] for i in self._send_picks]
-        torch._foreach_copy_(targets, self._sources())
+        if targets:  # a rank past every parameter's rows sends padding only ([Note: per-parameter shards])
+            torch._foreach_copy_(targets, self._sources())
         return send
+
+    # [Note: requires_grad after fully_shard] torch's fully_shard reads each sharded parameter's requires_grad
+    # when it builds the unsharded one, so `requires_grad_(False)` after fully_shard freezes it: no gradient,
+    # and the optimizer skips it. Here the group's leaf `full` was made with the flag each parameter had at
+    # fully_shard ([Note: one leaf per group]): a parameter frozen since still gets its part of the group's
+    # gradient, reduced like the others, but none is stored on it (store_shard_grad), so it stays exactly where it
+    # was and the other parameters train as torch's do. The other way (requires_grad_(True) on a parameter frozen
+    # at fully_shard) would need a gradient the frozen group's leaf never computes: refused by name at the next
+    # gather, as the FSDP front end refuses any change after wrapping (misuse.check_requires_grad).
+    def _refuse_unfrozen(self) -> None:
+        for slot in self.slots:
+            if slot.registered().requires_grad:
+                raise RuntimeError(
+                    f"requires_grad of '{slot.name}' (fully_shard module '{self.unit_name}') was set to True after "
+                    f"fully_shard; it was False when fully_shard grouped the module's frozen parameters, and "
+                    f"that group computes no gradient. Call requires_grad_() on the plain module before "
+                    f"fully_shard (freezing after fully_shard is supported)")
 
     # [Note: one master buffer] When fully_shard builds the shards on a real device (not meta, not offloaded),
     # the local tensors of one group are views of one buffer, this rank's blocks end to end (torch FSDP2 gives
@@ -308,6 +328,8 @@ class ParamGroup(UnshardedViews):
             local = parts[pick].view(shape) if pick is not None else out[:0].view(shape)
             module, attr, _name = slot.aliases[0]
             param = module._parameters[attr]
+            if not param.requires_grad:  # frozen after fully_shard ([Note: requires_grad after fully_shard])
+                continue
             grad = param.grad
             if grad is None:
                 # DTensor's own constructor with the parameter's spec: from_local would redo the checks and
