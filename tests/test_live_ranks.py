@@ -89,7 +89,7 @@ def test_magic_arguments_are_checked():
     assert parse_args("--timeout 5 --rank 0 --rank 1").rank == [0, 1]
     with pytest.raises(ValueError, match="does not know '--timout 5'"):
         parse_args("--timout 5")
-    with pytest.raises(ValueError, match="must be positive, got -1"):
+    with pytest.raises(ValueError, match="must be finite and positive, got -1"):
         parse_args("--timeout -1")
 
 

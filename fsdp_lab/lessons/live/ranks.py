@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import fsdp_lab
-from fsdp_lab.lessons.live import engine
+from fsdp_lab.lessons.live import engine, lifeline
 from fsdp_lab.lessons.live.outcome import CellRun, RankOutput, RanksFailed, RankStatus, plain
 from fsdp_lab.training.launch import free_port
 
@@ -60,8 +62,8 @@ class Ranks:
                  group_timeout_s: float = 60.0, threads_per_rank: int = 1):
         if n < 1:
             raise ValueError(f"the number of ranks must be >= 1, got {n}")
-        if min(timeout_s, start_timeout_s, group_timeout_s) <= 0:
-            raise ValueError(f"timeouts must be positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
+        if not all(math.isfinite(t) and t > 0 for t in (timeout_s, start_timeout_s, group_timeout_s)):
+            raise ValueError(f"timeouts must be finite and positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
                              f" group_timeout_s={group_timeout_s}")
         self.n, self.timeout_s, self.start_timeout_s = n, timeout_s, start_timeout_s
         self.group_timeout_s, self.threads_per_rank = group_timeout_s, threads_per_rank
@@ -73,6 +75,8 @@ class Ranks:
         self._engine_ids: list = []  # rank → ipyparallel engine id
         self._pids: list = []  # rank → engine process id
         self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
+        self._known: list = []  # (pid, create time) of every process this handle has seen, for stop()
+        self._reaper: Optional[subprocess.Popen] = None  # lifeline reaper: cleans up if the kernel dies
         self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
 
     def __repr__(self) -> str:
@@ -89,10 +93,13 @@ class Ranks:
         began = time.monotonic()
         self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
         self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
+        self._reaper = subprocess.Popen(lifeline.reap_command([self._stack_dir, self.trace_dir]),
+                                        stdin=subprocess.PIPE, text=True, start_new_session=True)
         self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
-                                    delay=0.1)
+                                    delay=0.1, config=_guarded_config())
         try:
             self._cluster.start_cluster_sync()
+            self._remember(self._launcher_pids())
             self._client = self._cluster.connect_client_sync()
             self._client.wait_for_engines(self.n, timeout=self.start_timeout_s, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:self.n]
@@ -105,6 +112,11 @@ class Ranks:
     def restart(self) -> "Ranks":
         """Replace every engine (a hung rank cannot be cancelled) and form a fresh group; the controller stays."""
         if self._cluster is None:
+            return self.start()
+        dead = self._dead_controller()
+        if dead:
+            print(f"{dead}: starting a fresh controller and {self.n} engines")
+            self.stop()
             return self.start()
         began = time.monotonic()
         old = set(self._client.ids)
@@ -131,15 +143,25 @@ class Ranks:
             self._client.close()
         if self._cluster is not None:
             try:
+                if self._dead_controller():  # nothing would answer: end what is left of it ourselves
+                    _kill(pids + self._known_pids())
                 self._cluster.stop_cluster_sync()
             finally:
-                _kill(pids)
+                _kill(pids + self._known_pids())
+        self._known = []
         self._cluster = self._client = None
         self._engine_ids, self._pids = [], []
         self.state, self.broken_because = RanksState.STOPPED, ""
         for directory in (self._stack_dir, self.trace_dir):
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
+        if self._reaper is not None:  # closing its pipe is its cue; everything it knows of has gone already
+            self._reaper.stdin.close()
+            try:
+                self._reaper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+            self._reaper = None
 
     @property
     def pids(self) -> list:
@@ -153,8 +175,9 @@ class Ranks:
     # -- running cells ---------------------------------------------------------------------------------------
     def run(self, code: str, timeout_s: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> CellRun:
         """Run `code` on the ranks (all by default) at once; wait at most timeout_s for every one of them."""
-        self._require_ready()
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        check_timeout("timeout_s", timeout_s)
+        self._require_ready()
         targets = list(range(self.n)) if ranks is None else list(ranks)
         bad = [r for r in targets if not 0 <= r < self.n]
         if bad:
@@ -222,6 +245,11 @@ class Ranks:
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def _require_ready(self) -> None:
+        if self.state is RanksState.READY:
+            gone = self._dead_controller() or self._dead_engine()
+            if gone:
+                self.state, self.broken_because = RanksState.BROKEN, gone
+                raise RanksFailed(f"{gone}; {_RESTART}")
         if self.state is RanksState.BROKEN:
             raise RanksFailed(f"the ranks are broken since an earlier cell:\n{self.broken_because}\n"
                               f"Call restart() on the ranks (what live.start() returned) for {self.n} fresh ones.")
@@ -236,19 +264,20 @@ class Ranks:
         view.execute(f"import sys\nif {root!r} not in sys.path: sys.path.insert(0, {root!r})",
                      block=False).get(timeout=max(remaining, 1))
         port = free_port()
-        controller = self._cluster.controller.process.pid
         calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
-                                               controller, str(self._stack_dir / f"rank{rank}.txt"),
-                                               self.threads_per_rank, (str(self._stack_dir), str(self.trace_dir)))
+                                               str(self._stack_dir / f"rank{rank}.txt"), self.threads_per_rank)
                  for rank, eid in enumerate(self._engine_ids)]
         for rank, call in enumerate(calls):
             remaining = self.start_timeout_s - (time.monotonic() - began)
             if not call.wait(max(remaining, 0.1)):
                 raise TimeoutError(f"rank {rank} did not join the gloo group within {self.start_timeout_s:g} s")
             self._pids.append(call.get()["pid"])
+        self._remember(self.pids)
         trace_dir = str(self.trace_dir)
         for rank, eid in enumerate(self._engine_ids):
-            self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir}, block=True)
+            refusal = engine.ExitRefused(rank)  # exit()/quit() would end the engine: refuse them by name
+            self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir, "exit": refusal,
+                                    "quit": refusal}, block=True)
         self.state = RanksState.READY
         self.startup_s = time.monotonic() - began
 
@@ -260,6 +289,51 @@ class Ranks:
             time.sleep(0.1)
         self._pids = []
         self._engine_ids = sorted(set(self._client.ids) - old)[:self.n]
+
+    def _remember(self, pids: list) -> None:
+        """Note `pids` and their descendants, here (for stop()) and with the reaper (for a kernel that dies)."""
+        import psutil
+
+        for pid in _with_descendants(pids):
+            try:
+                entry = (pid, psutil.Process(pid).create_time())
+            except psutil.NoSuchProcess:
+                continue
+            if entry not in self._known:
+                self._known.append(entry)
+                if self._reaper is not None and self._reaper.poll() is None:
+                    self._reaper.stdin.write(f"{entry[0]} {entry[1]!r}\n")
+                    self._reaper.stdin.flush()
+
+    def _known_pids(self) -> list:
+        """The remembered processes still running as themselves (a pid the system reused is not ours)."""
+        import psutil
+
+        out = []
+        for pid, created in self._known:
+            try:
+                if psutil.Process(pid).create_time() == created:
+                    out.append(pid)
+            except psutil.NoSuchProcess:
+                continue
+        return out
+
+    def _dead_controller(self) -> str:
+        """'the controller (pid N) has died ...' once the controller's process has ended; else ''."""
+        controller = getattr(self._cluster, "controller", None) if self._cluster is not None else None
+        pid = getattr(controller, "pid", -1) if controller is not None else -1
+        if pid > 0 and not _running(pid):
+            return f"the controller (pid {pid}) has died, so the engines cannot be reached"
+        return ""
+
+    def _dead_engine(self) -> str:
+        """"rank r's engine (pid N) has died ..." for the first rank whose process has ended; else ''."""
+        for rank, pid in enumerate(self._pids):
+            if not _running(pid):
+                code = self._exit_code(rank)
+                how = f" (exit code {code})" if code is not None else ""
+                return f"rank {rank}'s engine (pid {pid}) has died{how}"
+        return ""
 
     def _launchers(self) -> list:
         if self._cluster is None:
@@ -299,7 +373,11 @@ class Ranks:
             trace = _tail("\n".join(line for line in plain(text).splitlines()
                                     if not set(line.strip()) <= {"-"} and "Traceback (most recent" not in line),
                           _TRACEBACK_LINES)
-            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{err.ename}: {err.evalue}\n{trace}")
+            message = f"{err.ename}: {err.evalue}"
+            if "init_process_group" in str(err.evalue):  # the cell's group is gone: re-initialising is not the way
+                message = (f"{err.ename}: rank {rank} has no process group any more (did a cell call "
+                           f"destroy_process_group()?); {_RESTART}")
+            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{message}\n{trace}")
         except Exception as err:  # the controller lost the engine (it unregistered): a death
             return RankOutput(rank, RankStatus.DIED, stdout, stderr, error=f"{type(err).__name__}: {err}")
         result = ar.execute_result
@@ -325,6 +403,25 @@ class Ranks:
 
     def _kill_engines(self) -> None:
         _kill(_with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
+
+
+_RESTART = "run live_ranks.restart() (the handle live.start() returned) for fresh ranks"
+
+
+def check_timeout(name: str, value) -> None:
+    """Refuse a timeout that is not a finite number of seconds above 0 (nan would end every wait at once)."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def _guarded_config():
+    """ipyparallel configuration that starts the controller and each engine under the parent-death guard."""
+    from traitlets.config import Config
+
+    config = Config()
+    config.ControllerLauncher.controller_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.controller")
+    config.EngineLauncher.engine_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.engine")
+    return config
 
 
 _CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
