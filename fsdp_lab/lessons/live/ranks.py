@@ -10,7 +10,9 @@ Every wait has a deadline: start-up (`start_timeout_s`), each cell (`timeout_s`)
 (`group_timeout_s`). A rank that raises is reported with its traceback and the others keep their state. A rank
 that dies, or is still running at the deadline, breaks the group ([Note: one process group per engine lifetime]
 in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
-on), and every later cell refuses to run until `restart()`.
+on), and every later cell refuses to run until `restart()`. A dead engine or controller found before a cell is named
+the same way. Nothing outlives the kernel, however it ends ([Note: who cleans up after a SIGKILLed kernel] in
+fsdp_lab.lessons.live.lifeline).
 
 Each engine's namespace starts with `rank`, `world_size` and `trace_dir` (a fresh directory for this handle's
 trace files, fsdp_lab.observe.trace.rank_file(trace_dir, rank)).
@@ -26,10 +28,8 @@ import enum
 import logging
 import math
 import os
-import re
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +37,9 @@ from typing import Optional, Sequence
 
 import fsdp_lab
 from fsdp_lab.lessons.live import engine, lifeline
-from fsdp_lab.lessons.live.outcome import CellRun, RankOutput, RanksFailed, RankStatus, plain
+from fsdp_lab.lessons.live.outcome import (CellRun, RankOutput, RanksFailed, RankStatus, plain,
+                                           stack_of_current_thread)
+from fsdp_lab.lessons.live.processes import KnownProcesses, kill, running, signal_pid, with_descendants
 from fsdp_lab.training.launch import free_port
 
 _POLL_S = 0.05
@@ -75,8 +77,7 @@ class Ranks:
         self._engine_ids: list = []  # rank → ipyparallel engine id
         self._pids: list = []  # rank → engine process id
         self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
-        self._known: list = []  # (pid, create time) of every process this handle has seen, for stop()
-        self._reaper: Optional[subprocess.Popen] = None  # lifeline reaper: cleans up if the kernel dies
+        self._known: Optional[KnownProcesses] = None  # every process seen, and the reaper told of them
         self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
 
     def __repr__(self) -> str:
@@ -93,13 +94,12 @@ class Ranks:
         began = time.monotonic()
         self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
         self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
-        self._reaper = subprocess.Popen(lifeline.reap_command([self._stack_dir, self.trace_dir]),
-                                        stdin=subprocess.PIPE, text=True, start_new_session=True)
+        self._known = KnownProcesses([self._stack_dir, self.trace_dir])
         self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
                                     delay=0.1, config=_guarded_config())
         try:
             self._cluster.start_cluster_sync()
-            self._remember(self._launcher_pids())
+            self._known.remember(self._launcher_pids())
             self._client = self._cluster.connect_client_sync()
             self._client.wait_for_engines(self.n, timeout=self.start_timeout_s, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:self.n]
@@ -144,24 +144,19 @@ class Ranks:
         if self._cluster is not None:
             try:
                 if self._dead_controller():  # nothing would answer: end what is left of it ourselves
-                    _kill(pids + self._known_pids())
+                    kill(pids + self._known.alive())
                 self._cluster.stop_cluster_sync()
             finally:
-                _kill(pids + self._known_pids())
-        self._known = []
+                kill(pids + (self._known.alive() if self._known is not None else []))
         self._cluster = self._client = None
         self._engine_ids, self._pids = [], []
         self.state, self.broken_because = RanksState.STOPPED, ""
         for directory in (self._stack_dir, self.trace_dir):
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
-        if self._reaper is not None:  # closing its pipe is its cue; everything it knows of has gone already
-            self._reaper.stdin.close()
-            try:
-                self._reaper.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._reaper.kill()
-            self._reaper = None
+        if self._known is not None:
+            self._known.close()
+            self._known = None
 
     @property
     def pids(self) -> list:
@@ -170,7 +165,7 @@ class Ranks:
 
     def all_pids(self) -> list:
         """`pids` and everything they started in turn (the controller's schedulers, each engine's nanny)."""
-        return _with_descendants(self.pids)
+        return with_descendants(self.pids)
 
     # -- running cells ---------------------------------------------------------------------------------------
     def run(self, code: str, timeout_s: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> CellRun:
@@ -189,7 +184,7 @@ class Ranks:
             self._wait(pending, done, deadline)
         except KeyboardInterrupt:  # the notebook's ■: interrupt the ranks too, and say the group needs a restart
             for r in pending:
-                _signal(self._pids[r], signal.SIGINT)
+                signal_pid(self._pids[r], signal.SIGINT)
             self.state = RanksState.BROKEN
             self.broken_because = f"the cell was interrupted while rank(s) {sorted(pending)} were running it"
             raise
@@ -272,7 +267,7 @@ class Ranks:
             if not call.wait(max(remaining, 0.1)):
                 raise TimeoutError(f"rank {rank} did not join the gloo group within {self.start_timeout_s:g} s")
             self._pids.append(call.get()["pid"])
-        self._remember(self.pids)
+        self._known.remember(self.pids)
         trace_dir = str(self.trace_dir)
         for rank, eid in enumerate(self._engine_ids):
             refusal = engine.ExitRefused(rank)  # exit()/quit() would end the engine: refuse them by name
@@ -290,46 +285,18 @@ class Ranks:
         self._pids = []
         self._engine_ids = sorted(set(self._client.ids) - old)[:self.n]
 
-    def _remember(self, pids: list) -> None:
-        """Note `pids` and their descendants, here (for stop()) and with the reaper (for a kernel that dies)."""
-        import psutil
-
-        for pid in _with_descendants(pids):
-            try:
-                entry = (pid, psutil.Process(pid).create_time())
-            except psutil.NoSuchProcess:
-                continue
-            if entry not in self._known:
-                self._known.append(entry)
-                if self._reaper is not None and self._reaper.poll() is None:
-                    self._reaper.stdin.write(f"{entry[0]} {entry[1]!r}\n")
-                    self._reaper.stdin.flush()
-
-    def _known_pids(self) -> list:
-        """The remembered processes still running as themselves (a pid the system reused is not ours)."""
-        import psutil
-
-        out = []
-        for pid, created in self._known:
-            try:
-                if psutil.Process(pid).create_time() == created:
-                    out.append(pid)
-            except psutil.NoSuchProcess:
-                continue
-        return out
-
     def _dead_controller(self) -> str:
         """'the controller (pid N) has died ...' once the controller's process has ended; else ''."""
         controller = getattr(self._cluster, "controller", None) if self._cluster is not None else None
         pid = getattr(controller, "pid", -1) if controller is not None else -1
-        if pid > 0 and not _running(pid):
+        if pid > 0 and not running(pid):
             return f"the controller (pid {pid}) has died, so the engines cannot be reached"
         return ""
 
     def _dead_engine(self) -> str:
         """"rank r's engine (pid N) has died ..." for the first rank whose process has ended; else ''."""
         for rank, pid in enumerate(self._pids):
-            if not _running(pid):
+            if not running(pid):
                 code = self._exit_code(rank)
                 how = f" (exit code {code})" if code is not None else ""
                 return f"rank {rank}'s engine (pid {pid}) has died{how}"
@@ -391,9 +358,9 @@ class Ranks:
         """The innermost frames of rank's main thread, from its faulthandler (empty if it cannot say)."""
         path = self._stack_dir / f"rank{rank}.txt"
         before = path.stat().st_size if path.exists() else 0
-        if not _running(self._pids[rank]):
+        if not running(self._pids[rank]):
             return ""
-        _signal(self._pids[rank], engine.STACK_SIGNAL)
+        signal_pid(self._pids[rank], engine.STACK_SIGNAL)
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and (not path.exists() or path.stat().st_size == before):
             time.sleep(_POLL_S)
@@ -402,7 +369,7 @@ class Ranks:
         return stack_of_current_thread(dump)
 
     def _kill_engines(self) -> None:
-        _kill(_with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
+        kill(with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
 
 
 _RESTART = "run live_ranks.restart() (the handle live.start() returned) for fresh ranks"
@@ -422,69 +389,3 @@ def _guarded_config():
     config.ControllerLauncher.controller_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.controller")
     config.EngineLauncher.engine_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.engine")
     return config
-
-
-_CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
-
-
-def stack_of_current_thread(dump: str, frames: int = 4) -> str:
-    """The learner's frames, innermost first, of the thread faulthandler calls "Current thread" (the one running
-    the cell): the frames before IPython's own, each cell file shown as "cell"."""
-    block, out = False, []
-    for line in dump.splitlines():
-        if line.startswith("Current thread") or line.startswith("Thread "):
-            block = line.startswith("Current thread")
-            continue
-        text = line.strip()
-        if not (block and text.startswith("File ")):
-            continue
-        if "IPython" in text or "ipykernel" in text and not _CELL_FILE.search(text):
-            break
-        out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
-    return "\n".join(out[:frames])
-
-
-def _running(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _with_descendants(pids: list) -> list:
-    import psutil
-
-    out = list(dict.fromkeys(pids))
-    for pid in pids:
-        try:
-            out += [c.pid for c in psutil.Process(pid).children(recursive=True) if c.pid not in out]
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def _kill(pids: list) -> None:
-    """SIGKILL what is still running, then wait (bounded) until each has gone."""
-    import psutil
-
-    procs = []
-    for pid in set(pids):
-        if pid == os.getpid() or pid <= 0:
-            continue
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                proc.send_signal(signal.SIGKILL)
-            procs.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(procs, timeout=10)
