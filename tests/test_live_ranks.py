@@ -89,7 +89,7 @@ def test_magic_arguments_are_checked():
     assert parse_args("--timeout 5 --rank 0 --rank 1").rank == [0, 1]
     with pytest.raises(ValueError, match="does not know '--timout 5'"):
         parse_args("--timout 5")
-    with pytest.raises(ValueError, match="must be positive, got -1"):
+    with pytest.raises(ValueError, match="must be finite and positive, got -1"):
         parse_args("--timeout -1")
 
 
@@ -152,6 +152,92 @@ def test_a_peer_stuck_in_a_collective_is_reported_too(ranks):
     assert ranks.run("print(rank)").ok
 
 
+def wait_until_gone(pids, seconds=60):
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive(pids)
+
+
+def test_a_killed_idle_engine_is_named_with_its_pid(ranks):
+    import os
+    import signal
+
+    pid = ranks.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until_gone([pid]) == []
+    with pytest.raises(RanksFailed, match=rf"^rank 1's engine \(pid {pid}\) has died.*live_ranks.restart\(\)"):
+        ranks.run("print(rank)")
+    assert ranks.state is RanksState.BROKEN
+    ranks.restart()
+    assert ranks.run("print(rank)").ok
+
+
+@pytest.mark.parametrize("call", ["exit()", "quit()"])
+def test_exit_in_a_cell_is_a_failure_naming_the_rank_and_the_group_stays(ranks, call):
+    run = ranks.run(f"if rank == 1:\n    {call}\nprint('still here')")
+    assert run.by_rank(1).status is RankStatus.RAISED and run.by_rank(0).status is RankStatus.OK
+    assert run.failures().startswith("rank 1 raised an exception: RuntimeError: exit() on rank 1 would end")
+    assert ranks.state is RanksState.READY
+    run = ranks.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
+
+
+def test_sys_exit_in_a_cell_is_a_failure_naming_the_rank(ranks):
+    """IPython catches the SystemExit; the engine then may or may not end (ipyparallel): either is named."""
+    run = ranks.run("import sys\nif rank == 1:\n    sys.exit(3)", timeout_s=30)
+    assert run.by_rank(1).status in (RankStatus.RAISED, RankStatus.DIED) and run.by_rank(0).status is RankStatus.OK
+    assert run.failures().startswith("rank 1 "), run.failures()
+    ranks.restart()
+
+
+def test_a_non_finite_timeout_is_refused_in_one_line_and_the_group_keeps_working(ranks, capsys):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    register(ranks, shell=shell)
+    for bad in ("nan", "inf", "0"):
+        result = shell.run_cell(f"%%ranks --timeout {bad}\nprint('ran', rank)")
+        assert isinstance(result.error_in_exec, UsageError), result.error_in_exec
+        assert f"--timeout must be finite and positive, got {bad}" in str(result.error_in_exec)
+        assert "ran" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0, got nan"):
+        ranks.run("print(rank)", timeout_s=float("nan"))
+    assert ranks.state is RanksState.READY
+    ok = shell.run_cell("%%ranks\nprint('hello from', rank)")
+    assert ok.success and capsys.readouterr().out.splitlines() == ["[rank 0] hello from 0", "[rank 1] hello from 1"]
+    with pytest.raises(ValueError, match="finite and positive"):
+        Ranks(2, group_timeout_s=float("nan"))
+
+
+def test_a_destroyed_process_group_points_to_restart(ranks):
+    assert ranks.run("import torch, torch.distributed as dist\ndist.destroy_process_group()").ok
+    run = ranks.run("dist.all_reduce(torch.ones(1))")
+    first = run.failures().splitlines()[0]
+    assert first.startswith("rank 0 raised an exception: ValueError: rank 0 has no process group"), first
+    assert "live_ranks.restart()" in first and "init_process_group" not in first
+    ranks.restart()
+    assert ranks.run("import torch, torch.distributed as dist\ndist.all_reduce(torch.ones(1))").ok
+
+
+def test_a_dead_controller_is_named_and_restart_replaces_it_leaving_no_orphans(ranks, capsys):
+    import os
+    import signal
+
+    old = ranks.all_pids()
+    controller = ranks.pids[-1]
+    assert len(old) > 3  # engines, controller, the controller's schedulers, the engines' nannies
+    os.kill(controller, signal.SIGKILL)
+    assert wait_until_gone([controller]) == []
+    with pytest.raises(RanksFailed, match=rf"^the controller \(pid {controller}\) has died"):
+        ranks.run("print(rank)")
+    ranks.restart()  # bounded by the test's timeout; before, it hung 60 s and raised
+    assert f"the controller (pid {controller}) has died" in capsys.readouterr().out
+    assert ranks.run("print(rank)").ok
+    assert wait_until_gone(old) == [], f"left from the dead controller's group: {alive(old)}"
+
+
 def test_stop_leaves_no_process_and_a_stopped_handle_refuses_cells():
     handle = Ranks(2, start_timeout_s=150).start()
     pids = handle.all_pids()
@@ -180,31 +266,66 @@ def test_the_stack_reader_keeps_the_learners_frames_only():
     assert stack_of_current_thread(dump).splitlines() == ["    cell, line 3 in f", "    cell, line 7 in <module>"]
 
 
-def test_a_kernel_killed_without_cleanup_leaves_no_ranks_behind(tmp_path):
-    """SIGKILL skips atexit: each engine's watchdog sees its parent go and ends itself and the controller."""
-    import json
+KERNEL = """\
+import json, sys, time
+from fsdp_lab.lessons.live import Ranks
+print("starting", flush=True)
+r = Ranks(2, start_timeout_s=150).start()
+if sys.argv[1] == "busy":  # a cell that holds the GIL in rank 0's engine for hours
+    reply = r._client[r._engine_ids[0]].execute("print('busy', flush=True)\\nsum(range(10**13))", block=False)
+    deadline = time.monotonic() + 60
+    while "busy" not in (reply.stdout or "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+print(json.dumps(r.all_pids()), flush=True)
+time.sleep(600)
+"""
+
+
+def _kernel(tmp_path, mode):
+    """A stand-in for a notebook kernel that starts live ranks; its temp files go to tmp_path/"tmp"."""
     import os
-    import signal
     import subprocess
     import sys
 
     script = tmp_path / "kernel.py"
-    script.write_text("import json, sys, time\n"
-                      "from fsdp_lab.lessons.live import Ranks\n"
-                      "r = Ranks(2, start_timeout_s=150).start()\n"
-                      "print(json.dumps([r.all_pids(), str(r.trace_dir)]), flush=True)\n"
-                      "time.sleep(600)\n")
-    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    script.write_text(KERNEL)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path / "tmp")}
+    return subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE, text=True, env=env)
+
+
+def _kill_kernel_and_check_nothing_is_left(kernel, tmp_path, pids):
+    import signal
+
+    pids = list(dict.fromkeys(pids + [c.pid for c in psutil.Process(kernel.pid).children(recursive=True)]))
+    kernel.send_signal(signal.SIGKILL)
+    kernel.wait(timeout=30)
+    left = wait_until_gone(pids)
+    assert left == [], f"left running 60 s after the kernel died: {[psutil.Process(p).cmdline() for p in left]}"
+    deadline = time.monotonic() + 30
+    while list((tmp_path / "tmp").glob("fsdp-lab-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list((tmp_path / "tmp").glob("fsdp-lab-*")) == [], "the ranks' temporary directories outlived the kernel"
+
+
+def test_a_kernel_killed_while_a_cell_holds_the_gil_leaves_nothing_behind(tmp_path):
+    """SIGKILL skips atexit, and an engine busy in C code runs no Python thread: the parent-death signal ends it."""
+    import json
+
+    kernel = _kernel(tmp_path, "busy")
     try:
+        assert kernel.stdout.readline().strip() == "starting"
         line = kernel.stdout.readline()  # bounded by the pytest timeout; Ranks.start has its own deadline
-        pids, trace_dir = json.loads(line)
+        pids = json.loads(line)
         assert len(alive(pids)) == len(pids) > 3
     finally:
-        kernel.send_signal(signal.SIGKILL)
-        kernel.wait(timeout=30)
-    deadline = time.monotonic() + 60
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert alive(pids) == [], f"left running 60 s after the kernel died: {alive(pids)}"
-    assert not Path(trace_dir).exists(), "the ranks' temporary directory outlived the kernel"
+        _kill_kernel_and_check_nothing_is_left(kernel, tmp_path, [])
+    assert alive(pids) == []
+
+
+@pytest.mark.parametrize("delay_s", [3, 8])
+def test_a_kernel_killed_during_start_leaves_nothing_behind(tmp_path, delay_s):
+    kernel = _kernel(tmp_path, "idle")
+    assert kernel.stdout.readline().strip() == "starting"
+    time.sleep(delay_s)  # the point of start() it dies at; what is checked afterwards waits with a deadline
+    _kill_kernel_and_check_nothing_is_left(kernel, tmp_path, [])

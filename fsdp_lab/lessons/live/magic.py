@@ -10,8 +10,10 @@ module, holds the handle, so re-running the start cell replaces the old ranks in
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 from fsdp_lab.lessons.live.ranks import Ranks, RanksState
@@ -27,8 +29,8 @@ def parse_args(line: str) -> argparse.Namespace:
         raise ValueError(f"%%ranks {line!r}: {err}") from None
     if unknown:
         raise ValueError(f"%%ranks does not know {' '.join(unknown)!r}; it takes --timeout S and --rank R")
-    if args.timeout is not None and args.timeout <= 0:
-        raise ValueError(f"%%ranks --timeout must be positive, got {args.timeout:g}")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"%%ranks --timeout must be finite and positive, got {args.timeout:g}")
     return args
 
 
@@ -40,7 +42,10 @@ class RanksMagics(Magics):
 
     @cell_magic("ranks")
     def ranks_cell(self, line: str, cell: str):
-        args = parse_args(line)
+        try:  # refused in one line, before any rank runs anything: the group stays as it was
+            args = parse_args(line)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
         self.ranks.run_or_raise(cell, timeout_s=args.timeout, ranks=args.rank)
 
 

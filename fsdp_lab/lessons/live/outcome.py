@@ -83,6 +83,26 @@ class CellRun:
         return "\n".join(line for o in self.outputs for line in o.lines())
 
 
+_CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
+
+
+def stack_of_current_thread(dump: str, frames: int = 4) -> str:
+    """The learner's frames, innermost first, of the thread faulthandler calls "Current thread" (the one running
+    the cell): the frames before IPython's own, each cell file shown as "cell"."""
+    block, out = False, []
+    for line in dump.splitlines():
+        if line.startswith("Current thread") or line.startswith("Thread "):
+            block = line.startswith("Current thread")
+            continue
+        text = line.strip()
+        if not (block and text.startswith("File ")):
+            continue
+        if "IPython" in text or "ipykernel" in text and not _CELL_FILE.search(text):
+            break
+        out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
+    return "\n".join(out[:frames])
+
+
 class RanksFailed(RuntimeError):
     """A cell did not finish cleanly on every rank; the message names each rank and what happened."""
 

@@ -10,7 +10,9 @@ Every wait has a deadline: start-up (`start_timeout_s`), each cell (`timeout_s`)
 (`group_timeout_s`). A rank that raises is reported with its traceback and the others keep their state. A rank
 that dies, or is still running at the deadline, breaks the group ([Note: one process group per engine lifetime]
 in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
-on), and every later cell refuses to run until `restart()`.
+on), and every later cell refuses to run until `restart()`. A dead engine or controller found before a cell is named
+the same way. Nothing outlives the kernel, however it ends ([Note: who cleans up after a SIGKILLed kernel] in
+fsdp_lab.lessons.live.lifeline).
 
 Each engine's namespace starts with `rank`, `world_size` and `trace_dir` (a fresh directory for this handle's
 trace files, fsdp_lab.observe.trace.rank_file(trace_dir, rank)).
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -34,8 +36,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import fsdp_lab
-from fsdp_lab.lessons.live import engine
-from fsdp_lab.lessons.live.outcome import CellRun, RankOutput, RanksFailed, RankStatus, plain
+from fsdp_lab.lessons.live import engine, lifeline
+from fsdp_lab.lessons.live.outcome import (CellRun, RankOutput, RanksFailed, RankStatus, plain,
+                                           stack_of_current_thread)
+from fsdp_lab.lessons.live.processes import KnownProcesses, kill, running, signal_pid, with_descendants
 from fsdp_lab.training.launch import free_port
 
 _POLL_S = 0.05
@@ -60,8 +64,8 @@ class Ranks:
                  group_timeout_s: float = 60.0, threads_per_rank: int = 1):
         if n < 1:
             raise ValueError(f"the number of ranks must be >= 1, got {n}")
-        if min(timeout_s, start_timeout_s, group_timeout_s) <= 0:
-            raise ValueError(f"timeouts must be positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
+        if not all(math.isfinite(t) and t > 0 for t in (timeout_s, start_timeout_s, group_timeout_s)):
+            raise ValueError(f"timeouts must be finite and positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
                              f" group_timeout_s={group_timeout_s}")
         self.n, self.timeout_s, self.start_timeout_s = n, timeout_s, start_timeout_s
         self.group_timeout_s, self.threads_per_rank = group_timeout_s, threads_per_rank
@@ -73,6 +77,7 @@ class Ranks:
         self._engine_ids: list = []  # rank → ipyparallel engine id
         self._pids: list = []  # rank → engine process id
         self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
+        self._known: Optional[KnownProcesses] = None  # every process seen, and the reaper told of them
         self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
 
     def __repr__(self) -> str:
@@ -89,10 +94,12 @@ class Ranks:
         began = time.monotonic()
         self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
         self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
+        self._known = KnownProcesses([self._stack_dir, self.trace_dir])
         self._cluster = ipp.Cluster(n=self.n, log_level=logging.ERROR, engine_timeout=int(self.start_timeout_s),
-                                    delay=0.1)
+                                    delay=0.1, config=_guarded_config())
         try:
             self._cluster.start_cluster_sync()
+            self._known.remember(self._launcher_pids())
             self._client = self._cluster.connect_client_sync()
             self._client.wait_for_engines(self.n, timeout=self.start_timeout_s, interactive=False)
             self._engine_ids = sorted(self._client.ids)[:self.n]
@@ -105,6 +112,11 @@ class Ranks:
     def restart(self) -> "Ranks":
         """Replace every engine (a hung rank cannot be cancelled) and form a fresh group; the controller stays."""
         if self._cluster is None:
+            return self.start()
+        dead = self._dead_controller()
+        if dead:
+            print(f"{dead}: starting a fresh controller and {self.n} engines")
+            self.stop()
             return self.start()
         began = time.monotonic()
         old = set(self._client.ids)
@@ -131,15 +143,20 @@ class Ranks:
             self._client.close()
         if self._cluster is not None:
             try:
+                if self._dead_controller():  # nothing would answer: end what is left of it ourselves
+                    kill(pids + self._known.alive())
                 self._cluster.stop_cluster_sync()
             finally:
-                _kill(pids)
+                kill(pids + (self._known.alive() if self._known is not None else []))
         self._cluster = self._client = None
         self._engine_ids, self._pids = [], []
         self.state, self.broken_because = RanksState.STOPPED, ""
         for directory in (self._stack_dir, self.trace_dir):
             if directory is not None:
                 shutil.rmtree(directory, ignore_errors=True)
+        if self._known is not None:
+            self._known.close()
+            self._known = None
 
     @property
     def pids(self) -> list:
@@ -148,13 +165,14 @@ class Ranks:
 
     def all_pids(self) -> list:
         """`pids` and everything they started in turn (the controller's schedulers, each engine's nanny)."""
-        return _with_descendants(self.pids)
+        return with_descendants(self.pids)
 
     # -- running cells ---------------------------------------------------------------------------------------
     def run(self, code: str, timeout_s: Optional[float] = None, ranks: Optional[Sequence[int]] = None) -> CellRun:
         """Run `code` on the ranks (all by default) at once; wait at most timeout_s for every one of them."""
-        self._require_ready()
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        check_timeout("timeout_s", timeout_s)
+        self._require_ready()
         targets = list(range(self.n)) if ranks is None else list(ranks)
         bad = [r for r in targets if not 0 <= r < self.n]
         if bad:
@@ -166,7 +184,7 @@ class Ranks:
             self._wait(pending, done, deadline)
         except KeyboardInterrupt:  # the notebook's ■: interrupt the ranks too, and say the group needs a restart
             for r in pending:
-                _signal(self._pids[r], signal.SIGINT)
+                signal_pid(self._pids[r], signal.SIGINT)
             self.state = RanksState.BROKEN
             self.broken_because = f"the cell was interrupted while rank(s) {sorted(pending)} were running it"
             raise
@@ -222,6 +240,11 @@ class Ranks:
 
     # -- plumbing --------------------------------------------------------------------------------------------
     def _require_ready(self) -> None:
+        if self.state is RanksState.READY:
+            gone = self._dead_controller() or self._dead_engine()
+            if gone:
+                self.state, self.broken_because = RanksState.BROKEN, gone
+                raise RanksFailed(f"{gone}; {_RESTART}")
         if self.state is RanksState.BROKEN:
             raise RanksFailed(f"the ranks are broken since an earlier cell:\n{self.broken_because}\n"
                               f"Call restart() on the ranks (what live.start() returned) for {self.n} fresh ones.")
@@ -236,19 +259,20 @@ class Ranks:
         view.execute(f"import sys\nif {root!r} not in sys.path: sys.path.insert(0, {root!r})",
                      block=False).get(timeout=max(remaining, 1))
         port = free_port()
-        controller = self._cluster.controller.process.pid
         calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
-                                               controller, str(self._stack_dir / f"rank{rank}.txt"),
-                                               self.threads_per_rank, (str(self._stack_dir), str(self.trace_dir)))
+                                               str(self._stack_dir / f"rank{rank}.txt"), self.threads_per_rank)
                  for rank, eid in enumerate(self._engine_ids)]
         for rank, call in enumerate(calls):
             remaining = self.start_timeout_s - (time.monotonic() - began)
             if not call.wait(max(remaining, 0.1)):
                 raise TimeoutError(f"rank {rank} did not join the gloo group within {self.start_timeout_s:g} s")
             self._pids.append(call.get()["pid"])
+        self._known.remember(self.pids)
         trace_dir = str(self.trace_dir)
         for rank, eid in enumerate(self._engine_ids):
-            self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir}, block=True)
+            refusal = engine.ExitRefused(rank)  # exit()/quit() would end the engine: refuse them by name
+            self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir, "exit": refusal,
+                                    "quit": refusal}, block=True)
         self.state = RanksState.READY
         self.startup_s = time.monotonic() - began
 
@@ -260,6 +284,23 @@ class Ranks:
             time.sleep(0.1)
         self._pids = []
         self._engine_ids = sorted(set(self._client.ids) - old)[:self.n]
+
+    def _dead_controller(self) -> str:
+        """'the controller (pid N) has died ...' once the controller's process has ended; else ''."""
+        controller = getattr(self._cluster, "controller", None) if self._cluster is not None else None
+        pid = getattr(controller, "pid", -1) if controller is not None else -1
+        if pid > 0 and not running(pid):
+            return f"the controller (pid {pid}) has died, so the engines cannot be reached"
+        return ""
+
+    def _dead_engine(self) -> str:
+        """"rank r's engine (pid N) has died ..." for the first rank whose process has ended; else ''."""
+        for rank, pid in enumerate(self._pids):
+            if not running(pid):
+                code = self._exit_code(rank)
+                how = f" (exit code {code})" if code is not None else ""
+                return f"rank {rank}'s engine (pid {pid}) has died{how}"
+        return ""
 
     def _launchers(self) -> list:
         if self._cluster is None:
@@ -299,7 +340,11 @@ class Ranks:
             trace = _tail("\n".join(line for line in plain(text).splitlines()
                                     if not set(line.strip()) <= {"-"} and "Traceback (most recent" not in line),
                           _TRACEBACK_LINES)
-            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{err.ename}: {err.evalue}\n{trace}")
+            message = f"{err.ename}: {err.evalue}"
+            if "init_process_group" in str(err.evalue):  # the cell's group is gone: re-initialising is not the way
+                message = (f"{err.ename}: rank {rank} has no process group any more (did a cell call "
+                           f"destroy_process_group()?); {_RESTART}")
+            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{message}\n{trace}")
         except Exception as err:  # the controller lost the engine (it unregistered): a death
             return RankOutput(rank, RankStatus.DIED, stdout, stderr, error=f"{type(err).__name__}: {err}")
         result = ar.execute_result
@@ -313,9 +358,9 @@ class Ranks:
         """The innermost frames of rank's main thread, from its faulthandler (empty if it cannot say)."""
         path = self._stack_dir / f"rank{rank}.txt"
         before = path.stat().st_size if path.exists() else 0
-        if not _running(self._pids[rank]):
+        if not running(self._pids[rank]):
             return ""
-        _signal(self._pids[rank], engine.STACK_SIGNAL)
+        signal_pid(self._pids[rank], engine.STACK_SIGNAL)
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline and (not path.exists() or path.stat().st_size == before):
             time.sleep(_POLL_S)
@@ -324,70 +369,23 @@ class Ranks:
         return stack_of_current_thread(dump)
 
     def _kill_engines(self) -> None:
-        _kill(_with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
+        kill(with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
 
 
-_CELL_FILE = re.compile(r'File "[^"]*ipykernel_\d+[/\\](\d+)\.py", line (\d+)')
+_RESTART = "run live_ranks.restart() (the handle live.start() returned) for fresh ranks"
 
 
-def stack_of_current_thread(dump: str, frames: int = 4) -> str:
-    """The learner's frames, innermost first, of the thread faulthandler calls "Current thread" (the one running
-    the cell): the frames before IPython's own, each cell file shown as "cell"."""
-    block, out = False, []
-    for line in dump.splitlines():
-        if line.startswith("Current thread") or line.startswith("Thread "):
-            block = line.startswith("Current thread")
-            continue
-        text = line.strip()
-        if not (block and text.startswith("File ")):
-            continue
-        if "IPython" in text or "ipykernel" in text and not _CELL_FILE.search(text):
-            break
-        out.append("    " + _CELL_FILE.sub(r"cell, line \2", text))
-    return "\n".join(out[:frames])
+def check_timeout(name: str, value) -> None:
+    """Refuse a timeout that is not a finite number of seconds above 0 (nan would end every wait at once)."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
-def _running(pid: int) -> bool:
-    import psutil
+def _guarded_config():
+    """ipyparallel configuration that starts the controller and each engine under the parent-death guard."""
+    from traitlets.config import Config
 
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _with_descendants(pids: list) -> list:
-    import psutil
-
-    out = list(dict.fromkeys(pids))
-    for pid in pids:
-        try:
-            out += [c.pid for c in psutil.Process(pid).children(recursive=True) if c.pid not in out]
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
-def _kill(pids: list) -> None:
-    """SIGKILL what is still running, then wait (bounded) until each has gone."""
-    import psutil
-
-    procs = []
-    for pid in set(pids):
-        if pid == os.getpid() or pid <= 0:
-            continue
-        try:
-            proc = psutil.Process(pid)
-            if proc.status() != psutil.STATUS_ZOMBIE:
-                proc.send_signal(signal.SIGKILL)
-            procs.append(proc)
-        except psutil.NoSuchProcess:
-            continue
-    psutil.wait_procs(procs, timeout=10)
+    config = Config()
+    config.ControllerLauncher.controller_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.controller")
+    config.EngineLauncher.engine_cmd = lifeline.guard_command(os.getpid(), "ipyparallel.engine")
+    return config
