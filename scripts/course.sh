@@ -7,4 +7,9 @@ cd "$(dirname "$0")/.."
 . scripts/env.sh
 fsdp_lab_select_python || exit 1
 fsdp_lab_install || exit 1
+# The chapters are in Chinese and English: without a CJK font the browser draws the Chinese as boxes.
+if command -v fc-list >/dev/null 2>&1 && [ -z "$(fc-list :lang=zh 2>/dev/null | head -n 1)" ]; then
+  echo "note: no Chinese font found (fc-list :lang=zh is empty), so a browser on this machine shows the Chinese" \
+       "text as boxes; on Debian/Ubuntu: sudo apt-get install fonts-noto-cjk (or fonts-wqy-microhei)" >&2
+fi
 exec "$PY" -m fsdp_lab lab "$@"

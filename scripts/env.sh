@@ -156,8 +156,14 @@ _fsdp_lab_pick_torch_index() {
   if _fsdp_lab_reachable "$cpu/torch/"; then
     index=$cpu build="the CPU build (no NVIDIA GPU found)"
   else
-    echo "note: no NVIDIA GPU found, but the CPU index $cpu cannot be reached; using pip's configured index," \
-         "which on Linux serves the CUDA build (several GB)" >&2
+    if [ -n "${PIP_INDEX_URL:-}" ]; then  # a mirror or a CPU index of the user's: no guess at its build
+      echo "note: no NVIDIA GPU found, but the CPU index $cpu cannot be reached; using PIP_INDEX_URL" \
+           "($PIP_INDEX_URL); the build it served is named once installed" >&2
+    else
+      echo "note: no NVIDIA GPU found, but the CPU index $cpu cannot be reached; using pip's configured index" \
+           "(PyPI unless pip's config names another; PyPI's Linux torch is the CUDA build, several GB);" \
+           "the build it served is named once installed" >&2
+    fi
   fi
 }
 

@@ -438,6 +438,15 @@ def trace_and_memory(rank, world_size, front_end):
         kinds.setdefault(event["unit"], []).append(event["event"])
     report = memory_report(model, opt)
     out = {"kinds": kinds, "report": report.as_dict(), "last_mem": tracer.events[-1]["mem"]}
+    from fsdp_lab.lessons.experiments.common import unit_table
+    from fsdp_lab.lessons.experiments.fsdp2 import _fully_shard_unit_table
+    from fsdp_lab.lessons.widgets.frames import sizes_from_unit_table, unit_sizes
+
+    traced = unit_sizes(tracer.events)
+    table = sizes_from_unit_table(unit_table(model) if front_end == "fsdp1" else _fully_shard_unit_table(model),
+                                  world_size)
+    out["sizes"] = {"exact": traced.exact, "traced": {u: (s.shard_bytes, s.full_bytes) for u, s in traced.units.items()},
+                    "table": {u: (s.shard_bytes, s.full_bytes) for u, s in table.units.items()}}
     if front_end == "fully_shard":
         locals_ = [p.to_local() for p in model.parameters()]
         grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]

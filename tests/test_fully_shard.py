@@ -128,6 +128,14 @@ def observed():
             for front_end in ("fsdp1", "fully_shard")}
 
 
+def test_a_trace_alone_gives_the_potluck_the_unit_tables_exact_sizes(observed):
+    """A live run's events reach the potluck without a unit table: its gathers carry each unit's sizes, so the
+    potluck shows exact sizes (no "unit sizes derived from memory deltas" warning), the unit table's own."""
+    for front_end, per_rank in observed.items():
+        for sizes in (r["sizes"] for r in per_rank):
+            assert sizes["exact"] and sizes["traced"] == sizes["table"], (front_end, sizes)
+
+
 def test_trace_of_fully_shard_has_fsdp1s_event_kinds_per_unit(observed):
     """trace.record takes the root of a fully_shard model as it takes an FSDP model: with the same units (each
     block, then the root), every unit goes through the same beats in the same order."""

@@ -228,6 +228,27 @@ def test_an_unreachable_cpu_index_falls_back_to_pips_default_and_says_so(box):
     assert f"no NVIDIA GPU found, but the CPU index {CPU_INDEX} cannot be reached" in done.stderr
 
 
+def test_a_configured_index_is_named_without_promising_a_cuda_build(box):
+    """PIP_INDEX_URL may serve the CPU build (a mirror): the note names it and predicts no CUDA download; the
+    build pip installed is named after the install."""
+    box.fake_python(box.bin / "python3", reach=False)
+    done = box.run("course.sh", PIP_INDEX_URL="https://mirror.example/whl/cpu")
+    assert done.returncode == 0, done.stderr
+    assert "using PIP_INDEX_URL (https://mirror.example/whl/cpu)" in done.stderr
+    assert "CUDA" not in done.stderr and "installed torch 2.13.0 (CPU build)" in done.stderr
+
+
+@pytest.mark.parametrize("fonts", ["", "/usr/share/fonts/noto/NotoSansCJK-Regular.ttc: Noto Sans CJK SC:style=Regular"])
+def test_course_sh_names_the_font_package_when_no_chinese_font_is_installed(box, fonts):
+    box.fake_python(box.bin / "python3", torch="2.13.0 CPU build")
+    (box.bin / "fc-list").write_text(f"#!/bin/sh\n[ \"$1\" = :lang=zh ] && printf '%s' '{fonts}'\nexit 0\n")
+    (box.bin / "fc-list").chmod(0o755)
+    done = box.run("course.sh")
+    assert done.returncode == 0, done.stderr
+    hint = "no Chinese font found" in done.stderr and "apt-get install fonts-noto-cjk" in done.stderr
+    assert hint == (not fonts), done.stderr
+
+
 def test_the_real_reachability_probe_uses_a_cpu_index_that_answers(box, tmp_path):
     """The probe env.sh runs in real Python: a local HTTP server standing in for the CPU index is reachable."""
     import http.server

@@ -250,6 +250,30 @@ def test_stop_leaves_no_process_and_a_stopped_handle_refuses_cells():
         handle.run("print(1)")
 
 
+def test_stop_removes_the_output_files_before_ipyparallel_does_and_logs_no_error():
+    """[Note: output files go first]: when ipyparallel's stop runs, the controller's and the engines' output files
+    are already gone, so neither of its two removers can fail and log "Failed to remove ...log"."""
+    import logging
+
+    handle = Ranks(2, start_timeout_s=150).start()
+    cluster = handle._cluster
+    files = [launcher.output_file for launcher in [cluster.controller, *handle._launchers()]]
+    assert files and all(Path(f).is_file() for f in files)
+    left_at_stop = []
+    real_stop = cluster.stop_cluster_sync
+    cluster.stop_cluster_sync = lambda: (left_at_stop.extend(f for f in files if Path(f).exists()), real_stop())
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    cluster.log.addHandler(handler)
+    try:
+        handle.stop()
+    finally:
+        cluster.log.removeHandler(handler)
+    assert left_at_stop == [] and not any(Path(f).exists() for f in files)
+    assert [r.getMessage() for r in records] == []
+
+
 def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="must be >= 1, got 0"):
         Ranks(0)

@@ -283,3 +283,16 @@ def test_the_legacy_check_sees_fsdp1_calls():
     calls = [n for n in CHAPTERS if any(c["cell_type"] == "code" and FSDP1_CALL.search("".join(c["source"]))
                                         for c in json.loads(_chapter(n).read_text(encoding="utf-8"))["cells"])]
     assert len(calls) >= 10, f"only {calls} call FSDP(...): the pattern no longer matches the chapters' code"
+
+
+def test_every_chapter_names_the_same_kernelspec_as_ipykernel_installs():
+    """JupyterLab rewrites a kernelspec that differs from the kernel it starts, so a chapter whose metadata
+    differs (06a said "Python 3") opens with unsaved changes."""
+    from ipykernel.kernelspec import get_kernel_dict
+
+    specs = {number: json.loads(_chapter(number).read_text(encoding="utf-8"))["metadata"].get("kernelspec")
+             for number in CHAPTERS}
+    installed = get_kernel_dict()
+    expected = {"display_name": installed["display_name"], "language": installed["language"], "name": "python3"}
+    differing = {number: spec for number, spec in specs.items() if spec != expected}
+    assert not differing, f"kernelspec differs from {expected}: {differing}"

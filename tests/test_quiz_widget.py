@@ -144,3 +144,18 @@ def test_long_options_wrap_instead_of_overlapping_the_next():
     header = w.box.children[0].value
     assert ".fsdp-quiz .widget-radio-box label{height:auto" in header and "white-space:normal" in header
     assert ".fsdp-quiz .widget-radio-box input{float:none" in header
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_submit_does_not_count_itself_as_an_earlier_attempt(tmp_path, monkeypatch, lang):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    store = tmp_path / ".fsdp-lab" / "progress.json"
+    first = quiz("10", progress=store, lang=lang)
+    first.select(0, KEY[0])
+    first.submit()
+    no_history = {"en": "No earlier attempt", "zh": "还没有本章的作答记录"}[lang]
+    assert no_history in first.history.value and len(read_progress(store).attempts) == 1
+    first.retry()
+    first.submit()  # the second Submit has the first one before it
+    one_earlier = {"en": "earlier attempts at this chapter: 1", "zh": "本章之前的作答：1 次"}[lang]
+    assert one_earlier in first.history.value

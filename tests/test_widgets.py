@@ -70,7 +70,10 @@ def test_fridges_hold_the_shards_of_the_run(run):
 
 
 def test_sizes_derived_from_the_trace_alone_match_the_unit_table(run):
-    derived = unit_sizes(run.events)
+    traced = unit_sizes(run.events)  # the gathers carry each unit's sizes: exact, no warning
+    assert traced.exact and traced.units == run.sizes.units
+    older = [{k: v for k, v in e.items() if k != "unit_bytes"} for e in run.events]  # a trace without them
+    derived = unit_sizes(older)
     assert not derived.exact
     assert derived.units == run.sizes.units
 
@@ -324,3 +327,15 @@ def test_hidden_answers_stay_hidden_until_asked():
     assert not w.shown
     with pytest.raises(ValueError, match="at least one answer"):
         reveal_answers([])
+
+
+def test_a_chart_that_only_follows_promises_no_picture_and_names_the_training_cell(tmp_path):
+    """Chapter 03's `your_chart = LiveMemoryChart(trace_dir).follow()` trains nothing itself: its first-open hint
+    sends the learner to the training cell below, and promises no saved picture (none is saved)."""
+    chart = LiveMemoryChart(tmp_path, world_size=2, total_steps=3).follow(poll_s=0.05)
+    try:
+        html_preview = chart._repr_mimebundle_()["text/html"]
+    finally:
+        chart.stop()
+    assert "the training cell below it" in html_preview and "picture" not in html_preview
+    assert "train the ranks" not in html_preview

@@ -16,6 +16,15 @@ was required. So:
    it for /api/status without the token. Anything but 401/403 (or no answer before START_DEADLINE_S) and the
    server is stopped and the command fails with one line: it never keeps serving without the token.
 
+4. Jupyter prints its URL with the token masked (it hides a token it did not generate), so once the check has
+   passed the launcher prints the URL with the token itself, alone on one line: the one to open, also over ssh
+   or with --no-browser. It goes to the launcher's own output, which other users cannot read.
+
+[Note: server log] Jupyter's log, and with it everything the kernels' children write (the ipyparallel
+controller and engines of live_ranks, their CurveZMQ notices), goes to a file that only the user can read,
+jupyter's runtime dir/fsdp-lab-server-<launcher pid>.log, whose path the launcher prints; the terminal keeps the
+launcher's few lines. If Jupyter exits before it serves, the log's last lines are printed.
+
 The launcher stays Jupyter's parent: Ctrl-C or SIGTERM stops the server, and on Linux the server gets SIGTERM
 if the launcher is killed outright, so no server outlives the command.
 """
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +212,38 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
+def lab_url(status_url: str, token: str) -> str:
+    """The URL that opens the lab, token included, on the server whose /api/status is `status_url`."""
+    base = status_url[: -len("/api/status")] if status_url.endswith("/api/status") else status_url.rstrip("/")
+    return f"{base}/lab?token={urllib.parse.quote(token, safe='')}"
+
+
+SERVER_LOG_LINES = 20  # the log's last lines printed when Jupyter exits before serving
+
+
+def server_log_path(runtime_dir: Path, launcher_pid: int | None = None) -> Path:
+    """Where Jupyter's log goes ([Note: server log])."""
+    return runtime_dir / f"fsdp-lab-server-{launcher_pid or os.getpid()}.log"
+
+
+def open_private_log(path: Path) -> int:
+    """A new, empty file only the user can read or write (0600), as a file descriptor."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file of the same name keeps its mode under O_CREAT
+    return fd
+
+
+def log_tail(path: Path, lines: int = SERVER_LOG_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (1 << 16)))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(printable(line) for line in text.splitlines()[-lines:])
+
+
 def network_warning(ip: str) -> str | None:
     if ip in _LOOPBACK:
         return None
@@ -246,11 +288,20 @@ def run(args: argparse.Namespace) -> int:
     env = child_env()
     from fsdp_lab.training.launch import die_with_parent  # SIGTERM lets Jupyter shut its kernels down
 
-    proc = subprocess.Popen(cmd, env=env, preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
-                            if sys.platform == "linux" else None)
+    runtime_dir = Path(jupyter_runtime_dir())
+    log = server_log_path(runtime_dir)
+    log_fd = open_private_log(log)
+    _say(f"fsdp-lab lab: the Jupyter server's log (kernels and live_ranks engines included) goes to {log}")
     try:
-        check = check_auth(proc, args.ip, Path(jupyter_runtime_dir()))
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+                                preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
+                                if sys.platform == "linux" else None)
+    finally:
+        os.close(log_fd)
+    try:
+        check = check_auth(proc, args.ip, runtime_dir)
         if check.auth is Auth.EXITED:
+            _say(f"fsdp-lab lab: error: {check.detail} before serving; the last lines of {log}:\n{log_tail(log)}")
             return proc.returncode or 1
         if check.auth is not Auth.REQUIRED:
             stop(proc)
@@ -260,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
                  f"config files that `jupyter --paths` lists.")
             return 1
         _say(f"fsdp-lab lab: checked: {check.url} refuses a request without the token ({check.detail}).")
+        _say("fsdp-lab lab: open this URL (it holds the token; Ctrl-C stops the server):")
+        _say(lab_url(check.url, env["JUPYTER_TOKEN"]))
         return proc.wait()
     except KeyboardInterrupt:  # Ctrl-C stops Jupyter too; that is the normal way out
         stop(proc)

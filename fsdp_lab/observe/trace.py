@@ -7,6 +7,8 @@ wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front
 Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}; an event
 that issued collectives also has "group" ("shard", "replicate", or "post_forward": the sub-group an integer
 reshard_after_forward re-gathers in) and "group_ranks" (that group's global ranks).
+A gather_end or regather_end also has "unit_bytes": {"shard", "full"}, the unit's fp32 shard on this rank and its
+gathered buffer, so a trace alone gives the potluck exact sizes (a live run's events reach it without a unit table).
 "mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.core.memory) and, on CUDA, "cuda_allocated" and
 "cuda_reserved" from the caching allocator.
 """
@@ -23,7 +25,20 @@ import torch
 
 from fsdp_lab.observe.traffic import collective_bytes
 from fsdp_lab.runtime.core.memory import memory_report
-from fsdp_lab.runtime.core.observed import set_tracer, shared_state
+from fsdp_lab.runtime.core.observed import set_tracer, shared_state, units_of
+
+_MASTER_BYTES = 4  # a shard is kept in fp32 (the master weights), whatever the gathered dtype
+_SIZED_EVENTS = ("gather_end", "regather_end")
+
+
+def unit_bytes(unit) -> dict:
+    """A unit's fp32 shard on this rank and its gathered buffer, in bytes, under either front end."""
+    shard = full = 0
+    for flat in unit.flats:
+        full += flat.full_bytes
+        shard += (sum(t.numel() for t in flat.local_shards()) if hasattr(flat, "local_shards")
+                  else flat.shard_numel) * _MASTER_BYTES
+    return {"shard": int(shard), "full": int(full)}
 
 
 class Tracer:
@@ -37,6 +52,7 @@ class Tracer:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._file = open(path, "a", encoding="utf-8")
         self._hook = None
+        self._unit_bytes: Optional[dict] = None  # unit name → unit_bytes, made at the first gather
         if optimizer is not None:
             self.watch_optimizer(optimizer)
 
@@ -60,6 +76,11 @@ class Tracer:
         record = {"t": time.time(), "rank": self.rank, "step": self.step, "unit": unit, "phase": phase,
                   "event": event, "bytes_sent": int(bytes_sent), "bytes_received": int(bytes_received),
                   "mem": self.memory(), **extra}
+        if event in _SIZED_EVENTS and self.model is not None:
+            if self._unit_bytes is None:
+                self._unit_bytes = {u.name: unit_bytes(u) for u in units_of(self.model)}
+            if unit in self._unit_bytes:
+                record["unit_bytes"] = self._unit_bytes[unit]
         if collectives:  # one beat's collectives run in one group: "shard" or "replicate", and its ranks
             record["group"], record["group_ranks"] = collectives[0].group, list(collectives[0].ranks)
         if self.keep_in_memory:

@@ -121,6 +121,7 @@ class Ranks:
         began = time.monotonic()
         old = set(self._client.ids)
         self._kill_engines()
+        self._remove_output_files()
         self._cluster.stop_engines_sync()
         self.state, self.broken_because = RanksState.STOPPED, ""
         try:
@@ -142,6 +143,7 @@ class Ranks:
         if self._client is not None:
             self._client.close()
         if self._cluster is not None:
+            self._remove_output_files()
             try:
                 if self._dead_controller():  # nothing would answer: end what is left of it ourselves
                     kill(pids + self._known.alive())
@@ -367,6 +369,20 @@ class Ranks:
         time.sleep(0.1)  # the dump is written in one go, but give it a moment to finish
         dump = path.read_text(encoding="utf-8", errors="replace")[before:]
         return stack_of_current_thread(dump)
+
+    def _remove_output_files(self) -> None:
+        """[Note: output files go first] ipyparallel removes a process's output file twice at stop, from the
+        stop call and from the exit callback its waiter thread schedules; when both see the file, the loser logs
+        "Failed to remove ...ipcontroller-....log" under a stop that worked. Removed here first, neither sees it."""
+        controller = getattr(self._cluster, "controller", None)
+        sets = list(getattr(self._cluster, "engines", {}).values())
+        for launcher in [controller, *sets, *self._launchers()]:
+            path = getattr(launcher, "output_file", None) if launcher is not None else None
+            if isinstance(path, str) and path:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
 
     def _kill_engines(self) -> None:
         kill(with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))

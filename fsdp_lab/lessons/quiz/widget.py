@@ -79,6 +79,7 @@ class QuizWidget:
         else:
             self.store = progress if isinstance(progress, ProgressStore) else ProgressStore(progress)
         self.notice = ""
+        self._saved = False  # the last Submit was saved to the progress file
         self._blank_warned = False
         self.run = QuizRun(chapter, lang, seed)
         self.controls = [self._control(i) for i in range(len(self.run))]
@@ -174,7 +175,7 @@ class QuizWidget:
         self._save()
         note = f"<p>{_html(self.notice)}</p>" if self.notice else ""
         self.summary.value = f"<p><b>{_html(self.summary_text)}</b></p>{note}"
-        self.history.value = self._history_html()
+        self.history.value = self._history_html(own_saved=self._saved)
         return self.score
 
     def retry(self, _button=None) -> None:
@@ -218,10 +219,13 @@ class QuizWidget:
             return []
         return [a for a in progress.attempts if a.chapter == self.chapter.key]
 
-    def _history_html(self) -> str:
+    def _history_html(self, own_saved: bool = False) -> str:
+        """`own_saved`: the file's last attempt is the one just submitted here, which is not an earlier one."""
         if self.store is None:
             return ""
         attempts, text = self.earlier_attempts(), _TEXT[self.lang]
+        if own_saved:
+            attempts = attempts[:-1]
         if not attempts:
             line = text["no_history"]
         else:
@@ -231,10 +235,12 @@ class QuizWidget:
         return f"<p style='color:#374151'>{_html(line)}</p>"
 
     def _save(self) -> None:
+        self._saved = False
         if self.store is None:
             return
         try:
             self.notice = self.store.record(self.run.attempt(), self.name) or ""
+            self._saved = True
             self.notice = (self.notice + " " + msg(self.lang, "saved", path=_display_path(self.store.path))).strip()
         except OSError as exc:
             self.notice = msg(self.lang, "not_saved", reason=exc)

@@ -85,10 +85,15 @@ def sizes_from_unit_table(rows: list, world_size: int, master_bytes: int = 4) ->
 
 
 def unit_sizes(events: list) -> Sizes:
-    """Sizes read from a trace alone (e.g. a shipped GPU trace): a unit's gathered size is the jump in the rank's
+    """Sizes read from a trace alone: exact when its gathers carry "unit_bytes" (fsdp_lab.observe.trace), else (an
+    older trace, e.g. a shipped GPU one) derived: a unit's gathered size is the jump in the rank's
     params_unsharded at its gather_end; its fp32 shard is the rank's params_sharded split in proportion to those
     sizes (exact when every unit gathers in one dtype). Prefer sizes_from_unit_table when the run is at hand."""
     ranks = sorted({e["rank"] for e in events})
+    sized = [e for e in events if e["event"] in ("gather_end", "regather_end")]
+    if sized and all("unit_bytes" in e for e in sized):  # the tracer recorded each unit's exact sizes
+        exact = {e["unit"]: UnitSize(e["unit_bytes"]["shard"], e["unit_bytes"]["full"]) for e in sized}
+        return Sizes(exact, len(ranks), True)
     full, previous = {}, {}
     for e in events:
         before = previous.get(e["rank"], {}).get("params_unsharded", 0)

@@ -61,6 +61,9 @@ def beat_spans(events: list, rank: int = 0) -> list:
 class LiveMemoryChart(QuietRepr, widgets.VBox):
     preview_hint = ("Run this cell (Shift+Enter) to train the ranks and follow their memory live; the picture is "
                     "the chart of the run saved with the notebook.")
+    # follow() alone trains nothing: the ranks train in a later cell, and no chart is saved before they do
+    follow_hint = ("Run this cell (Shift+Enter), then the training cell below it: the chart draws your ranks' "
+                   "memory as they write their trace.")
 
     def preview_html(self) -> str:
         return "" if self.events else ("<div style='color:#6b7280'>The chart appears here as the ranks write their "
@@ -218,6 +221,8 @@ class LiveMemoryChart(QuietRepr, widgets.VBox):
                     break
             self.update()
 
+        if self._job is None:
+            self.preview_hint = self.follow_hint
         self._stop.clear()
         self._poller = threading.Thread(target=loop, name="fsdp-lab-live-memory", daemon=True)
         self._poller.start()
