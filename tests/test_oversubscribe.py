@@ -32,6 +32,13 @@ def no_process_starts(monkeypatch):
     monkeypatch.setattr(torch.distributed.run, "run", refuse)
     monkeypatch.setattr(fsdp_lab.training.demo, "run_demo", refuse)
     monkeypatch.setattr(fsdp_lab.bench.run, "run_bench", refuse)
+    # train, run in this process, sets LOGLEVEL, OMP_NUM_THREADS and the launcher pid for the torchrun it
+    # starts; left behind, every later test's `fsdp-lab train` would inherit them (LOGLEVEL=CRITICAL set by a
+    # user turns train's own silencing of torchrun's log lines off).
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.mark.skipif(CORES >= RANKS, reason=f"this machine has {CORES} cores")

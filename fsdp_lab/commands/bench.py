@@ -49,7 +49,8 @@ def add_arguments(p) -> None:
                    help="measure memory only (always so for CUDA over gloo: several ranks sharing one GPU)")
     p.add_argument("--trace", type=path_text, default=None, metavar="PATH.json.gz",
                    help="also write a profiler trace of one fsdp_lab step (Chrome trace, gzipped)")
-    p.add_argument("--json-out", type=path_text, default=None, metavar="PATH", help="also write the JSON result to PATH")
+    p.add_argument("--json-out", type=path_text, default=None, metavar="PATH",
+                   help="also write the JSON result to PATH")
     p.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before all ranks are killed")
 
 

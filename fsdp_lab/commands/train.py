@@ -95,9 +95,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
                    help="auto: gloo on cpu, nccl on cuda. gloo with --device cuda runs several ranks on one GPU")
     g.add_argument("--timeout", type=positive_float, default=300.0,
                    help="collective timeout in seconds: a stuck or vanished peer fails the job after this long")
-    g.add_argument("--trace", type=path_text, metavar="DIR", help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
-    g.add_argument("--json-log", type=path_text, metavar="PATH", help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
-    g.add_argument("--checkpoint-dir", type=path_text, metavar="DIR", help="sharded checkpoints go to DIR/step_N, DIR/latest")
+    g.add_argument("--trace", type=path_text, metavar="DIR",
+                   help="write each rank's lifecycle trace to DIR/rank{r}.jsonl")
+    g.add_argument("--json-log", type=path_text, metavar="PATH",
+                   help="rank 0 writes one JSON line per step (loss, tokens/s, memory)")
+    g.add_argument("--checkpoint-dir", type=path_text, metavar="DIR",
+                   help="sharded checkpoints go to DIR/step_N, DIR/latest")
     g.add_argument("--checkpoint-every", type=count, default=0, metavar="K",
                    help="save every K steps (and after the last step); 0: only after the last step")
     g.add_argument("--resume", nargs="?", const="latest", type=path_text, metavar="PATH",
