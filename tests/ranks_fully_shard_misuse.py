@@ -59,10 +59,45 @@ def case_meta_without_to_empty(rank, world_size):
     return _error(lambda: model(torch.randn(2, 8)))
 
 
-CASES = {"root_first": case_root_first, "fsdp_then_fully_shard": case_fsdp_then_fully_shard,
+class _Odd(nn.Module):
+    """A weight whose shape depends on the rank: same size, different shape (a config read differently)."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(shape))
+
+    def forward(self, x):
+        return x @ self.weight.reshape(8, 16)
+
+
+def case_shapes_differ(rank, world_size):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), _Odd((16, 8) if rank == 0 else (8, 16)))
+    fsdp_lab.fully_shard(model[1], mesh=mesh(world_size))
+    fsdp_lab.fully_shard(model, mesh=mesh(world_size))
+    return _error(lambda: model(torch.randn(2, 8)))
+
+
+def case_models_differ(rank, world_size):
+    torch.manual_seed(0)
+    hidden = [module for _ in range(1 + rank) for module in (nn.Linear(8, 8), nn.ReLU())]  # rank 1: one more
+    model = nn.Sequential(*hidden, nn.Linear(8, 4))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fsdp_lab.fully_shard(layer, mesh=mesh(world_size))
+    fsdp_lab.fully_shard(model, mesh=mesh(world_size))
+    return _error(lambda: model(torch.randn(2, 8)))
+
+
+CASES = {"shapes_differ": case_shapes_differ, "models_differ": case_models_differ,
+         "root_first": case_root_first, "fsdp_then_fully_shard": case_fsdp_then_fully_shard,
          "fully_shard_then_fsdp": case_fully_shard_then_fsdp, "stale_optimizer": case_stale_optimizer,
          "meta_without_to_empty": case_meta_without_to_empty}
 
 
 def run_cases(rank, world_size, names):
-    return {name: CASES[name](rank, world_size) for name in names}
+    out = {}
+    for name in names:
+        out[name] = CASES[name](rank, world_size)
+        torch.distributed.barrier()  # a case that failed on one rank only must not leave the other mid-collective
+    return out

@@ -11,8 +11,12 @@ from fsdp_lab.training.launch import run_on_ranks
 
 
 @functools.cache
+def every_rank() -> list:
+    return run_on_ranks(run_cases, 2, tuple(CASES), timeout_s=300)
+
+
 def results() -> dict:
-    return run_on_ranks(run_cases, 2, tuple(CASES), timeout_s=300)[0]
+    return every_rank()[0]
 
 
 def test_fully_shard_of_a_block_after_its_root_is_refused_by_name():
@@ -41,3 +45,16 @@ def test_meta_parameters_without_to_empty_are_named_at_the_first_forward():
     assert message.startswith("fully_shard: 4 parameter(s) are still on the meta device at the first forward "
                               "(first: '0.weight')"), message
     assert "model.to_empty(device=...)" in message and "reset_parameters" in message
+
+
+def test_ranks_that_built_weights_of_one_size_but_other_shapes_are_named_at_the_first_forward():
+    messages = [r["shapes_differ"] for r in every_rank()]
+    assert messages[0] == ("ranks wrap different models: FSDP unit '1' has 'weight' of shape (16, 8) on rank 0 "
+                           "but 'weight' of shape (8, 16) on rank 1; every rank must build the same model "
+                           "(same config, same sizes) before wrapping"), messages[0]
+    assert "of shape (8, 16) on rank 1 but 'weight' of shape (16, 8) on rank 0" in messages[1], messages[1]
+
+
+def test_ranks_that_built_different_models_are_named_not_aborted():
+    for rank, result in enumerate(every_rank()):
+        assert result["models_differ"].startswith("ranks wrap different models: FSDP unit "), (rank, result)

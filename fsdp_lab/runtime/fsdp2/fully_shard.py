@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.core.misuse import refuse_wrapped_param, watch_optimizers
+from fsdp_lab.runtime.core.misuse import check_same_model, refuse_wrapped_param, watch_optimizers
 from fsdp_lab.runtime.core.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
 from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.core.state import FSDPState
@@ -95,7 +95,7 @@ class FullyShardState:
         self.lazy_init()
         if self.root is self:
             if not self.params_checked:
-                self._refuse_meta_params()
+                self._check_params()
             drop_abandoned_backward(self.ctx, self.units)
         policy = self.mp_policy
         if policy.param_dtype is not None and policy.cast_forward_inputs:
@@ -111,9 +111,11 @@ class FullyShardState:
             output = cast_floating(output, self.mp_policy.output_dtype)
         return output
 
-    def _refuse_meta_params(self) -> None:
-        """A model built on meta must get storage and values after fully_shard (to_empty, then an init): found
-        once, at the first forward, before a gather would fail with "Cannot copy out of meta tensor"."""
+    def _check_params(self) -> None:
+        """Once, at the root's first forward (every rank runs it, and its gathers would fail first): a model built
+        on meta must get storage and values after fully_shard (to_empty, then an init), else the gather fails with
+        "Cannot copy out of meta tensor"; and every rank must have built the same model, else it trains on
+        scrambled weights or aborts in the backend ([Note: every rank wraps the same model] in misuse.py)."""
         prefixes = {id(s): "" if s is self else f"{s.unit.name}." for s in self.states}
         on_meta = [prefixes[id(s)] + slot.name for s in reversed(self.states) for group in s.unit.flats
                    for slot in group.slots if slot.registered().to_local().is_meta]
@@ -122,6 +124,10 @@ class FullyShardState:
                                f"forward (first: '{on_meta[0]}'): they have no storage and no values. After "
                                f"fully_shard, call model.to_empty(device=...) and then initialise them (e.g. "
                                f"module.reset_parameters() for each module, under torch.no_grad())")
+        check_same_model([(s.unit.name, [(slot.name, tuple(slot.shape), group.requires_grad)
+                                         for group in s.unit.flats for slot in group.slots])
+                          for s in reversed(self.states)], self.ctx.pg, self.ctx.rank, self.ctx.world_size,
+                         self.device)
         self.params_checked = True
 
     def _on_backward_start(self) -> None:
