@@ -9,6 +9,8 @@ wrap time, no longer read. Each of these is detected once, where it first matter
 - every object wrapping replaces is marked (`REPLACED_BY`); an optimizer's first step checks its parameters for
   the mark (torch's global step pre-hook, registered per model, removed with it; one look per optimizer);
 - the flat shards carry the unit they belong to (`FLAT_OF`), so wrapping a module that holds one is refused;
+- fully_shard marks the DTensor parameters it makes (`SHARDED_BY`) and FSDP its flat shards (`FLAT_OF`): a
+  later wrap that meets either names the earlier call (a block after its root, FSDP(...) and fully_shard mixed);
 - the root's forward compares each registered parameter's requires_grad with its flat buffer's (a few dozen
   flags, or one per parameter with use_orig_params).
 
@@ -31,16 +33,51 @@ from torch import nn
 
 REPLACED_BY = "_fsdp_lab_replaced_by"  # on a Parameter wrapping removed: the name it had in the model
 FLAT_OF = "_fsdp_lab_flat_of"  # on a flat shard: the unit it is the shard of
+SHARDED_BY = "_fsdp_lab_sharded_by"  # on a fully_shard DTensor parameter: (its module's type, its name there)
 _CHECKED = "_fsdp_lab_checked"  # on an optimizer whose parameters were looked at
 
 
-def mark_replaced(param: nn.Parameter, name: str) -> None:
-    setattr(param, REPLACED_BY, name)
+# What the optimizer check says each front end did: (what replaced the parameters, what to build it after)
+_REPLACED_WHEN = {"FSDP": ("FSDP replaced when it wrapped the model", "wrapping"),
+                  "fully_shard": ("fully_shard replaced when it sharded the model", "fully_shard")}
+
+
+def mark_replaced(param: nn.Parameter, name: str, front_end: str = "FSDP") -> None:
+    setattr(param, REPLACED_BY, (name, front_end))
+
+
+def mark_sharded(param: nn.Parameter, owner_type: str, name: str) -> None:
+    setattr(param, SHARDED_BY, (owner_type, name))
+
+
+def refuse_wrapped_param(param: nn.Parameter, name: str, call: str) -> None:
+    """`call` ("fully_shard(<block>)" or "FSDP(...)") meets `param`, reached as `name`: refused by name if an
+    earlier wrap already sharded it ([Note: traps that train nothing])."""
+    unit = getattr(param, FLAT_OF, None)
+    if unit is not None:
+        raise ValueError(f"{call}: parameter '{name}' is already sharded by FSDP(...) (it belongs to FSDP unit "
+                         f"'{unit}'). A model is sharded by FSDP(...) or by fully_shard, not both: wrap the plain "
+                         f"model with one of them")
+    sharded = getattr(param, SHARDED_BY, None)
+    if sharded is not None and call == "FSDP(...)":
+        raise ValueError(f"FSDP(...): parameter '{name}' is already sharded by fully_shard (of a {sharded[0]}, "
+                         f"as '{sharded[1]}'). A model is sharded by FSDP(...) or by fully_shard, not both: wrap "
+                         f"the plain model with one of them")
+    if sharded is not None:
+        owner, qualified = sharded
+        block = qualified[:-len(name) - 1] if qualified.endswith("." + name) else "?"
+        raise ValueError(f"fully_shard({block}): its parameters are already sharded by the earlier "
+                         f"fully_shard(<root>) (a {owner}), which holds '{qualified}': fully_shard takes every "
+                         f"parameter below its module that no earlier call took, so call fully_shard on the "
+                         f"blocks first, then the root: for block in model.blocks: fully_shard(block); then "
+                         f"fully_shard(model)")
 
 
 def refuse_wrapped_inside(module: nn.Module) -> None:
     """A module that holds a flat shard is already inside an FSDP: wrapping it again would shard the shards."""
     for name, param in module.named_parameters():
+        if hasattr(param, SHARDED_BY):
+            refuse_wrapped_param(param, name, "FSDP(...)")
         unit = getattr(param, FLAT_OF, None)
         if unit is not None:
             raise ValueError(f"module is already wrapped: its parameter '{name}' is the flat shard of FSDP unit "
@@ -55,10 +92,11 @@ def _check_optimizer(optimizer, _args, _kwargs) -> None:
     stale = [getattr(p, REPLACED_BY) for group in optimizer.param_groups for p in group["params"]
              if hasattr(p, REPLACED_BY)]
     if stale:
+        replaced, after = _REPLACED_WHEN[stale[0][1]]
         raise RuntimeError(f"{type(optimizer).__name__}.step(): the optimizer holds {len(stale)} parameter(s) that "
-                           f"FSDP replaced when it wrapped the model (first: '{stale[0]}'). They are no longer the "
+                           f"{replaced} (first: '{stale[0][0]}'). They are no longer the "
                            f"model's and never get a gradient, so this step trains nothing. Build the optimizer "
-                           f"after wrapping: torch.optim.AdamW(model.parameters(), ...)")
+                           f"after {after}: torch.optim.AdamW(model.parameters(), ...)")
     setattr(optimizer, _CHECKED, True)
 
 

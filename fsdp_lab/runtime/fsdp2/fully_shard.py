@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_lab.runtime.core.misuse import check_same_model, refuse_wrapped_param, watch_optimizers
 from fsdp_lab.runtime.core.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
 from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.core.state import FSDPState
@@ -47,6 +48,7 @@ class FullyShardState:
         self.ctx: Optional[FSDPState] = None  # the root's: one per model
         self.states: list[FullyShardState] = []  # root only: every fully_shard module of the model, root first
         self.is_last_backward = True  # root only
+        self.params_checked = False  # root only: the first forward looked for parameters left on meta
 
     @property
     def units(self) -> list[Unit]:
@@ -92,6 +94,8 @@ class FullyShardState:
     def pre_forward(self, module, args, kwargs):
         self.lazy_init()
         if self.root is self:
+            if not self.params_checked:
+                self._check_params()
             drop_abandoned_backward(self.ctx, self.units)
         policy = self.mp_policy
         if policy.param_dtype is not None and policy.cast_forward_inputs:
@@ -106,6 +110,25 @@ class FullyShardState:
         if self.mp_policy.output_dtype is not None:
             output = cast_floating(output, self.mp_policy.output_dtype)
         return output
+
+    def _check_params(self) -> None:
+        """Once, at the root's first forward (every rank runs it, and its gathers would fail first): a model built
+        on meta must get storage and values after fully_shard (to_empty, then an init), else the gather fails with
+        "Cannot copy out of meta tensor"; and every rank must have built the same model, else it trains on
+        scrambled weights or aborts in the backend ([Note: every rank wraps the same model] in misuse.py)."""
+        prefixes = {id(s): "" if s is self else f"{s.unit.name}." for s in self.states}
+        on_meta = [prefixes[id(s)] + slot.name for s in reversed(self.states) for group in s.unit.flats
+                   for slot in group.slots if slot.registered().to_local().is_meta]
+        if on_meta:
+            raise RuntimeError(f"fully_shard: {len(on_meta)} parameter(s) are still on the meta device at the first "
+                               f"forward (first: '{on_meta[0]}'): they have no storage and no values. After "
+                               f"fully_shard, call model.to_empty(device=...) and then initialise them (e.g. "
+                               f"module.reset_parameters() for each module, under torch.no_grad())")
+        check_same_model([(s.unit.name, [(slot.name, tuple(slot.shape), group.requires_grad)
+                                         for group in s.unit.flats for slot in group.slots])
+                          for s in reversed(self.states)], self.ctx.pg, self.ctx.rank, self.ctx.world_size,
+                         self.device)
+        self.params_checked = True
 
     def _on_backward_start(self) -> None:
         queue_finish_backward(self.ctx, self._finish_backward)
@@ -162,6 +185,7 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     unit.hook_handles = [module.register_forward_pre_hook(state.pre_forward, with_kwargs=True),
                          module.register_forward_hook(state.post_forward)]
     module.__class__ = _fsdp_class(type(module))
+    watch_optimizers(module)  # [Note: traps that train nothing] in misuse.py
     return module
 
 
@@ -238,6 +262,7 @@ def _collect_params(module: nn.Module, ignored: set[int]):
             if param is None or id(param) in ignored:
                 continue
             name = prefix + attr
+            refuse_wrapped_param(param, name, "fully_shard")  # [Note: traps that train nothing] in misuse.py
             if claimed.get(id(param)) is param:
                 raise ValueError(f"parameter '{name}' is tied to a parameter of a module fully_shard was already "
                                  f"applied to: a weight shared by two fully_shard groups cannot be sharded. Apply "

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from fsdp_lab.runtime.core.collectives import Collective, all_gather_flat
 from fsdp_lab.runtime.core.layout import UnshardedViews
+from fsdp_lab.runtime.core.misuse import mark_replaced, mark_sharded
 from fsdp_lab.runtime.core.placement import Home, Placement
 from fsdp_lab.runtime.features.hybrid import shard_coordinate, shard_placements
 
@@ -119,6 +120,8 @@ class ParamGroup(UnshardedViews):
         pieces = torch.split(self._master, held_numels) if self._master is not None else [None] * len(entries)
         for (param, aliases), piece in zip(entries, pieces):
             sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece)
+            mark_replaced(param, aliases[0][2], "fully_shard")  # [Note: traps that train nothing] in misuse.py
+            mark_sharded(sharded, unit_name, aliases[0][2])
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
             rows = math.ceil(param.shape[0] / n)
