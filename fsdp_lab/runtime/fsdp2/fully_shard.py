@@ -76,6 +76,9 @@ class FullyShardState:
                         reduce_dtype=torch.float32, device=self.device, forward_prefetch=False,
                         backward_prefetch=BackwardPrefetch.BACKWARD_PRE, max_gathers_in_flight=2,
                         on_backward_start=self._on_backward_start, **hybrid_state(groups))
+        # One optimizer check per model, not one per fully_shard call: every step of every optimizer runs
+        # each registered hook ([Note: traps that train nothing] in misuse.py).
+        watch_optimizers(self.module)
         names = {id(m): n for n, m in self.module.named_modules()}
         post_forward = make_post_forward_groups(self.mesh, [s.post_forward_size for s in states if s.post_forward_size])
         for s in states:
@@ -185,7 +188,6 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     unit.hook_handles = [module.register_forward_pre_hook(state.pre_forward, with_kwargs=True),
                          module.register_forward_hook(state.post_forward)]
     module.__class__ = _fsdp_class(type(module))
-    watch_optimizers(module)  # [Note: traps that train nothing] in misuse.py
     return module
 
 
