@@ -35,10 +35,12 @@ _EXIT_PARENT_GONE = 70
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when its parent ends; end now if the parent is not `parent_pid` any more."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    """SIGKILL this process when its parent ends; end now if the parent is not `parent_pid` any more. Only
+    Linux has the parent-death signal: elsewhere (macOS) the reaper alone ends what outlives the kernel."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(_EXIT_PARENT_GONE)
 
