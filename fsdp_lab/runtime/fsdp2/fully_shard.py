@@ -172,10 +172,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
             if buf is not None and buf.device.type != "meta" and buf.device != device:
                 sub._buffers[name] = buf.to(device)
     layouts = []
-    for entries, requires_grad in ((trainable, True), (frozen, False)):
-        if not entries:
-            continue
-        compute = mp_policy.param_dtype or _master_dtype(entries, type(module).__name__)
+    for requires_grad, dtype, entries in _by_dtype(trainable, frozen, type(module).__name__):
+        compute = _compute_dtype(dtype, mp_policy)
         layouts.append(ParamGroup(type(module).__name__, entries, mesh, requires_grad=requires_grad,
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
                                   device=device, placement=placement))
@@ -283,12 +281,25 @@ def _collect_params(module: nn.Module, ignored: set[int]):
     return trainable, frozen, originals
 
 
-def _master_dtype(entries, unit_name: str) -> torch.dtype:
-    dtypes = {p.dtype for p, _a in entries}
-    if len(dtypes) > 1:
-        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtypes {sorted(map(str, dtypes))}; one "
-                         f"all-gather needs one dtype: pass mp_policy=MixedPrecisionPolicy(param_dtype=...)")
-    dtype = dtypes.pop()
-    if not dtype.is_floating_point:
-        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtype {dtype}, which is not floating")
+# [Note: dtypes in one group] torch's fully_shard takes a module whose parameters have several dtypes (a
+# quantized int8 base, bf16 frozen weights and fp32 adapters, as PEFT builds them): it all-gathers them as bytes
+# in one collective, keeps each parameter's dtype, and casts only floating parameters to param_dtype. Its
+# reduce-scatter needs one gradient dtype, so trainable parameters of two dtypes fail there, in backward. Here one
+# ParamGroup holds one (requires_grad, dtype) kind: the unit gathers each in its own collective (one more
+# all-gather per extra dtype, the same bytes), casts as torch does, and reduces each kind's gradients in their
+# own dtype, so trainable parameters of two dtypes train as they would in one process.
+def _by_dtype(trainable: list, frozen: list, unit_name: str) -> list[tuple[bool, torch.dtype, list]]:
+    """(requires_grad, dtype, entries) per kind, trainable first, each kind in the module's order."""
+    kinds: dict[tuple[bool, torch.dtype], list] = {}
+    for requires_grad, entries in ((True, trainable), (False, frozen)):
+        for entry in entries:
+            kinds.setdefault((requires_grad, entry[0].dtype), []).append(entry)
+    return [(requires_grad, dtype, entries) for (requires_grad, dtype), entries in kinds.items()]
+
+
+def _compute_dtype(dtype: torch.dtype, mp_policy: MixedPrecisionPolicy) -> torch.dtype:
+    """What a parameter of `dtype` is gathered and computed in: param_dtype for floating parameters, their own
+    dtype otherwise (an int8 weight is never cast)."""
+    if mp_policy.param_dtype is not None and dtype.is_floating_point:
+        return mp_policy.param_dtype
     return dtype
