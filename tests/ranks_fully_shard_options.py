@@ -66,3 +66,65 @@ def run_list_group(rank, world_size, lib):
             "losses": losses, "skipped": skipped, "after": after, "group_state": group_state,
             "params": {n: full(p) for n, p in model.named_parameters()},
             "keys": sorted(model.state_dict())}
+
+
+def run_checkpoint_wrapper(rank, world_size, lib):
+    """torchtitan's apply_ac then apply_fsdp: each block wrapped by checkpoint_wrapper, then fully_shard on the
+    wrappers and the root. Returns losses, parameters and all-gathers per step."""
+    from ranks_fsdp_module_methods import Counter
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    torch.manual_seed(0)
+    model = TwoEnds()
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    fsdp = api(lib)
+    for layer in model.layers:
+        fsdp.fully_shard(layer, mesh=mesh(world_size))
+    fsdp.fully_shard(model, mesh=mesh(world_size))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, gathers = [], []
+    for step in range(3):
+        idx, y = _batch(step, rank, world_size)
+        with Counter(lib) as counter:
+            loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+        gathers.append(counter.count)
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        losses.append(value.item() / world_size)
+    reshard_all(model)
+    return {"losses": losses, "gathers": gathers, "keys": sorted(model.state_dict()),
+            "params": {n: full(p) for n, p in model.named_parameters()}}
+
+
+def run_compile(rank, world_size, lib):
+    """torchtitan's apply_compile: each block compiled on its own, before fully_shard (fullgraph=True) and after
+    it. The aot_eager backend traces with Dynamo and AOTAutograd as inductor does, without a C++ toolchain."""
+    fsdp = api(lib)
+    out = {}
+    for when in ("before", "after"):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = TwoEnds()
+        for layer in model.layers:
+            if when == "before":
+                layer.compile(fullgraph=True, backend="aot_eager")
+            fsdp.fully_shard(layer, mesh=mesh(world_size))
+            if when == "after":
+                layer.compile(backend="aot_eager")
+        fsdp.fully_shard(model, mesh=mesh(world_size))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for step in range(2):
+            idx, y = _batch(step, rank, world_size)
+            loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        reshard_all(model)
+        out[when] = {"losses": losses, "params": {n: full(p) for n, p in model.named_parameters()}}
+    return out

@@ -204,10 +204,15 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     hooks = state
     if len(modules) > 1:
         hooks = state.group_hooks = GroupHooks(state, modules)
+    # [Note: hooks outside compiled graphs] `block.compile(fullgraph=True)` before fully_shard compiles the
+    # block's __call__, hooks included. The hooks issue collectives and swap storage, which a graph cannot
+    # hold, so, as torch marks its own FSDP hooks, Dynamo runs them eagerly and compiles the forward between.
+    pre_hook = torch._disable_dynamo(lambda m, args, kwargs: hooks.pre_forward(m, args, kwargs))
+    post_hook = torch._disable_dynamo(lambda m, args, output: hooks.post_forward(m, args, output))
     for m in modules:
         m.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
-        unit.hook_handles += [m.register_forward_pre_hook(hooks.pre_forward, with_kwargs=True),
-                              m.register_forward_hook(hooks.post_forward)]
+        unit.hook_handles += [m.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                              m.register_forward_hook(post_hook)]
         m.__class__ = _fsdp_class(type(m))
     return module
 
