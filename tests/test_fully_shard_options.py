@@ -38,7 +38,7 @@ def test_checkpoint_wrapper_before_fully_shard_matches_torch():
 
 
 def test_blocks_compiled_before_and_after_fully_shard_match_torch():
-    """[Note: hooks outside compiled graphs] in fsdp_lab/runtime/fsdp2/fully_shard.py."""
+    """[Note: hooks outside compiled graphs] in fsdp_lab/runtime/core/misuse.py."""
     from ranks_fully_shard_options import run_compile
 
     refs = run_on_ranks(run_compile, 2, "torch", timeout_s=400)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.core.misuse import check_same_model, refuse_wrapped_param, watch_optimizers
+from fsdp_lab.runtime.core.misuse import check_same_model, eager_hook, refuse_wrapped_param, watch_optimizers
 from fsdp_lab.runtime.core.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
 from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.core.state import FSDPState
@@ -204,11 +204,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     hooks = state
     if len(modules) > 1:
         hooks = state.group_hooks = GroupHooks(state, modules)
-    # [Note: hooks outside compiled graphs] `block.compile(fullgraph=True)` before fully_shard compiles the
-    # block's __call__, hooks included. The hooks issue collectives and swap storage, which a graph cannot
-    # hold, so, as torch marks its own FSDP hooks, Dynamo runs them eagerly and compiles the forward between.
-    pre_hook = torch._disable_dynamo(lambda m, args, kwargs: hooks.pre_forward(m, args, kwargs))
-    post_hook = torch._disable_dynamo(lambda m, args, output: hooks.post_forward(m, args, output))
+    pre_hook = eager_hook(hooks.pre_forward)  # [Note: hooks outside compiled graphs] in misuse.py
+    post_hook = eager_hook(hooks.post_forward)
     for m in modules:
         m.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
         unit.hook_handles += [m.register_forward_pre_hook(pre_hook, with_kwargs=True),
