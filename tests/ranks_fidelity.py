@@ -152,10 +152,16 @@ def low_precision_grads(rank, world_size):
 
 # -- torch.compile and original parameters outside forward ---------------------------------------------------
 def whole_model_compile(rank, world_size):
-    base = gpt()
-    model = wrap(base)
-    x, y = local_batch(base.cfg, 0, rank, world_size)
-    return seen(lambda: torch.compile(model)(x, y))
+    """FSDP1's documented way, torch.compile(FSDP(model, use_orig_params=True)), trained beside torch's. The
+    aot_eager backend traces with Dynamo and AOTAutograd as inductor does, without a C++ toolchain."""
+    out = {}
+    for name, wrapper in (("fsdp_lab", wrap), ("torch", torch_wrap)):
+        base = gpt()
+        model = wrapper(base, use_orig_params=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        out[name] = seen(lambda: train(torch.compile(model, backend="aot_eager"), opt, range(3), rank, world_size,
+                                       base.cfg))
+    return out
 
 
 def sharded_attributes(rank, world_size):

@@ -489,7 +489,7 @@ def api_checks(rank, world_size):
     out["offload_default_ok"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
                                                                    offload_policy=fsdp_lab.OffloadPolicy())) is None
     out["placement_fn"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), shard_placement_fn=lambda p: None))
-    out["module_list"] = error(lambda: fsdp_lab.fully_shard([nn.Linear(2, 2), nn.Linear(2, 2)]))
+    out["module_list"] = error(lambda: fsdp_lab.fully_shard([]))
     out["bad_int"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), reshard_after_forward=3))
     out["bad_mp"] = error(lambda: fsdp_lab.MixedPrecisionPolicy(param_dtype=torch.int8))
     tied = TiedLM()

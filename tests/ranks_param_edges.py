@@ -79,7 +79,39 @@ def case_no_rows(rank, world_size, lib):
             "weight_rows": model[4].weight.to_local().shape[0]}
 
 
-CASES = {"frozen": case_frozen, "no_rows": case_no_rows}
+class LoRAQuantLinear(nn.Module):
+    """A PEFT-style layer: an int8 frozen base with a bf16 frozen scale and bias, and fp32 trainable adapters:
+    four dtypes in one fully_shard group."""
+
+    def __init__(self, d: int, rank: int = 2):
+        super().__init__()
+        g = torch.Generator().manual_seed(d)
+        self.qweight = nn.Parameter(torch.randint(-8, 8, (d, d), generator=g, dtype=torch.int8), requires_grad=False)
+        self.scale = nn.Parameter(torch.full((d,), 0.05, dtype=torch.bfloat16), requires_grad=False)
+        self.bias = nn.Parameter(torch.randn(d, generator=g).to(torch.bfloat16), requires_grad=False)
+        self.lora_a = nn.Parameter(torch.randn(rank, d, generator=g) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(d, rank, generator=g) * 0.1)
+
+    def forward(self, x):
+        base = x @ (self.qweight.float() * self.scale.float()[:, None]).t() + self.bias.float()
+        return base + (x @ self.lora_a.t()) @ self.lora_b.t()
+
+
+def case_dtypes(rank, world_size, lib):
+    """Frozen int8 and bf16 parameters beside trainable fp32 ones in each group, as torch takes them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(LoRAQuantLinear(16), nn.ReLU(), LoRAQuantLinear(16), nn.Linear(16, 4))
+    fsdp = api(lib)
+    fsdp.fully_shard(model[0], mesh=mesh(world_size))
+    fsdp.fully_shard(model[2], mesh=mesh(world_size))
+    fsdp.fully_shard(model, mesh=mesh(world_size))
+    losses = _train(model, rank, world_size, 4, STEPS)
+    reshard_all(model)
+    dtypes = {n: str(p.dtype) for n, p in model.named_parameters()}
+    return {"losses": losses, "params": {n: full(p) for n, p in model.named_parameters()}, "dtypes": dtypes}
+
+
+CASES = {"frozen": case_frozen, "no_rows": case_no_rows, "dtypes": case_dtypes}
 
 
 def run_cases(rank, world_size, lib, names):

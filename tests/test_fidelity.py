@@ -52,10 +52,11 @@ def test_keep_low_precision_grads_keeps_the_reduced_gradient_in_param_dtype(rank
     assert got["dtypes"] == ["torch.bfloat16"] and got["equal"], got
 
 
-def test_whole_model_compile_is_refused_naming_per_block_compile(ranks):
+def test_whole_model_compile_trains_like_torchs(ranks):
+    """[Note: hooks outside compiled graphs] in fsdp_lab/runtime/core/misuse.py."""
     got = facts(ranks, "whole_model_compile")
-    assert isinstance(got, str) and "torch.compile(model) of an fsdp_lab.FSDP model is not supported" in got, got
-    assert "Compile each block" in got
+    assert isinstance(got["fsdp_lab"], list) and isinstance(got["torch"], list), got
+    assert got["fsdp_lab"] == pytest.approx(got["torch"], abs=1e-6)
 
 
 @pytest.mark.parametrize("orig", [False, True], ids=["flat", "use_orig_params"])

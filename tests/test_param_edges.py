@@ -15,7 +15,7 @@ TORCH_TOL = 1e-6
 
 @functools.cache
 def results(lib: str, world_size: int) -> dict:
-    names = ("frozen", "no_rows") if world_size == 2 else ("no_rows",)
+    names = ("frozen", "no_rows", "dtypes") if world_size == 2 else ("no_rows",)
     return run_on_ranks(run_cases, world_size, lib, names, timeout_s=300)
 
 
@@ -46,3 +46,11 @@ def test_a_rank_without_rows_trains_and_round_trips_like_torch(world_size, rows)
 def test_unfreezing_a_parameter_frozen_at_fully_shard_is_refused_by_name():
     assert results("fsdp_lab", 2)[0]["frozen"]["refused"].startswith(
         "requires_grad of '2.weight' (fully_shard module '<root>') was set to True after fully_shard")
+
+
+def test_frozen_parameters_of_other_dtypes_share_a_group_with_trainable_ones():
+    """[Note: dtypes in one group] int8 and bf16 frozen bases beside fp32 adapters, in every fully_shard group."""
+    ref, got = results("torch", 2)[0]["dtypes"], results("fsdp_lab", 2)[0]["dtypes"]
+    assert got["dtypes"] == ref["dtypes"] and "torch.int8" in got["dtypes"].values()
+    assert max(abs(a - b) for a, b in zip(got["losses"], ref["losses"])) <= TORCH_TOL, (got["losses"], ref["losses"])
+    assert param_diff(got["params"], ref["params"]) <= TORCH_TOL

@@ -106,20 +106,21 @@ class PendingCollective:
 
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
-                    unit: str = "", group: tuple = ("shard", ())) -> Collective:
+                    unit: str = "", group: tuple = ("shard", ()), comm=None) -> Collective:
     """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`, except at
     world size 1, where it may be `output`'s memory itself (a layout that packed it there): then nothing moves.
     `unit` names the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the
     trace."""
-    call, _ = start_all_gather_flat(output, shard, pg, world_size, unit, group, async_op=False)
+    call, _ = start_all_gather_flat(output, shard, pg, world_size, unit, group, async_op=False, comm=comm)
     return call
 
 
 def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int, unit: str = "",
-                          group: tuple = ("shard", ()), async_op: bool = True
+                          group: tuple = ("shard", ()), async_op: bool = True, comm=None
                           ) -> tuple[Collective, "PendingCollective | None"]:
     """all_gather_flat, issued and not waited for (async_op=True and world size > 1): `output` is filled once
-    the returned PendingCollective is waited for (None: it already is)."""
+    the returned PendingCollective is waited for (None: it already is). `comm`: the user's all-gather
+    (FSDPModule.set_custom_all_gather, [Note: custom collectives]) in place of torch.distributed's."""
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
@@ -129,10 +130,51 @@ def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_s
             output.copy_(shard)  # copy_ casts as it copies
         return call, None
     send = shard if shard.dtype == output.dtype else shard.to(output.dtype)
-    work = _issue(call, unit, _all_gather, output, send, group=pg, async_op=async_op)
-    if not async_op:
+    if comm is not None:
+        work = _issue(call, unit, comm, output_tensor=output, input_tensor=send, group=pg, async_op=async_op)
+    else:
+        work = _issue(call, unit, _all_gather, output, send, group=pg, async_op=async_op)
+    if not async_op or work is None:
         return call, None
     return call, PendingCollective(call, unit, work, keep=(output, send))
+
+
+# [Note: custom collectives] FSDPModule.set_custom_all_gather / set_custom_reduce_scatter hand in an object with
+# torch's AllGather / ReduceScatter interface (torch.distributed.fsdp's _fsdp_api): `allocate(size, *, dtype,
+# device)` makes the buffers the collective reads and writes, and calling it runs the collective,
+# `comm(output_tensor=, input_tensor=, group=, async_op=)` (the reduce-scatter also takes `op`). As in torch, it is
+# used for the buffers torch would allocate with it (the all-gather's staging output, the reduce-scatter's input
+# and output) and for the collective itself; world size 1 calls neither collective. What it returns when issued
+# with async_op=True is waited for like a torch Work; None means it already completed.
+def reduce_scatter_sum(send: torch.Tensor, pg, world_size: int, unit: str = "", group: tuple = ("shard", ()),
+                       comm=None) -> tuple[Collective, torch.Tensor]:
+    """This rank's chunk of the sum over ranks of every rank's `send` (N·chunk elements, already in the reduce
+    dtype). At world size 1 the chunk is `send` itself. `comm`: [Note: custom collectives]."""
+    call = Collective("reduce_scatter", send.numel(), send.dtype, world_size, *group)
+    if world_size == 1:
+        return call, send
+    shape, kw = (send.numel() // world_size,), {"dtype": send.dtype, "device": send.device}
+    if comm is None:
+        out = torch.empty(shape, **kw)
+        _issue(call, unit, _reduce_scatter, out, send, op=dist.ReduceOp.SUM, group=pg)
+        return call, out
+    staged = comm.allocate(send.shape, **kw)
+    staged.copy_(send)
+    out = comm.allocate(shape, **kw)
+    work = _issue(call, unit, comm, output_tensor=out, input_tensor=staged, group=pg, op=dist.ReduceOp.SUM,
+                  async_op=False)
+    if work is not None:
+        _issue(call, unit, work.wait)
+    return call, out
+
+
+def all_reduce_sum(buf: torch.Tensor, pg, world_size: int, unit: str = "", group: tuple = ("shard", ())
+                   ) -> tuple[Collective, torch.Tensor]:
+    """The sum over ranks, in place on `buf`."""
+    call = Collective("all_reduce", buf.numel(), buf.dtype, world_size, *group)
+    if world_size > 1:
+        _issue(call, unit, dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=pg)
+    return call, buf
 
 
 def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch.dtype,
@@ -141,13 +183,9 @@ def reduce_scatter_mean(full_grad: torch.Tensor, pg, world_size: int, reduce_dty
     chunk of the mean over ranks of every rank's `full_grad`. Returns (what moved, the chunk)."""
     pre, post = divide_factors(world_size, reduce_dtype)
     send = full_grad if full_grad.dtype == reduce_dtype else full_grad.to(reduce_dtype)
-    call = Collective("reduce_scatter", send.numel(), send.dtype, world_size, *group)
     if world_size == 1:  # the (cast) gradient is already this rank's whole shard: no copy
-        return call, send
-    if pre != 1.0:
-        send = torch.div(send, pre)
-    out = torch.empty(send.numel() // world_size, dtype=reduce_dtype, device=send.device)
-    _issue(call, unit, _reduce_scatter, out, send, op=dist.ReduceOp.SUM, group=pg)
+        return reduce_scatter_sum(send, pg, world_size, unit, group)
+    call, out = reduce_scatter_sum(torch.div(send, pre) if pre != 1.0 else send, pg, world_size, unit, group)
     return call, out.div_(post)
 
 
@@ -156,10 +194,7 @@ def all_reduce_mean(grad: torch.Tensor, pg, world_size: int, reduce_dtype: torch
     """DDP's gradient sync: the mean over ranks, in place on `grad` when it already has `reduce_dtype`."""
     pre, post = divide_factors(world_size, reduce_dtype)
     buf = grad if grad.dtype == reduce_dtype else grad.to(reduce_dtype)
-    call = Collective("all_reduce", buf.numel(), buf.dtype, world_size, *group)
     if world_size == 1:
-        return call, buf
-    if pre != 1.0:
-        buf.div_(pre)
-    _issue(call, unit, dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=pg)
+        return all_reduce_sum(buf, pg, world_size, unit, group)
+    call, buf = all_reduce_sum(buf.div_(pre) if pre != 1.0 else buf, pg, world_size, unit, group)
     return call, buf.div_(post)

@@ -37,7 +37,9 @@ class ShardLayout(Protocol):
     post_forward_shard: Optional[torch.Tensor]  # ParamGroup, reshard_after_forward=int: kept after forward
     orig_params: Optional[list]  # FSDP1 use_orig_params only
     grad_stash: Optional[torch.Tensor]  # set by the Unit: no_sync's local gradient
+    partial_reduce: Optional[torch.Tensor]  # set by the Unit: HSDP's reduce-scattered, not yet all-reduced sum
     replica_grad: Optional[torch.Tensor]
+    all_gather_comm: object  # None, or the user's all-gather ([Note: custom collectives] in collectives.py)
 
     # what this rank holds (memory_report): the masters the optimizer steps, and their gradients
     def local_shards(self) -> list[torch.Tensor]: ...
@@ -73,6 +75,7 @@ class UnshardedViews:
     full: torch.Tensor
     persistent_full: bool
     slots: list
+    all_gather_comm = None  # FSDPModule.set_custom_all_gather ([Note: custom collectives] in collectives.py)
 
     @property
     def full_bytes(self) -> int:

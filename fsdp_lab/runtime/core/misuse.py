@@ -165,24 +165,11 @@ def _describe(entry) -> str:
     return f"'{name}' of shape {tuple(shape)}{'' if requires_grad else ' (frozen)'}"
 
 
-def _in_compiled_region() -> bool:
-    """True while Dynamo traces, and also where it gave up on a frame and runs it eagerly inside a compiled call
-    (its frame callback is still set): that is how a `raise` under torch.compile runs, so checking only
-    torch.compiler.is_compiling() would let the forward go on. torch's own set_stance asks the same question."""
-    if torch.compiler.is_compiling():
-        return True
-    try:
-        from torch._C._dynamo.eval_frame import get_eval_frame_callback
-    except ImportError:  # a torch built without Dynamo
-        return False
-    return get_eval_frame_callback() not in (None, False)
-
-
-def refuse_compile() -> None:
-    """[Note: torch.compile of the whole model] The units' hooks gather, free by storage resize and install
-    views: state changes that Dynamo cannot trace (Inductor fails on the resize's dynamic size). A block compiled
-    before wrapping runs inside the hooks, which stay eager, so that is the way to compile."""
-    if _in_compiled_region():
-        raise RuntimeError("torch.compile(model) of an fsdp_lab.FSDP model is not supported: its gather/free hooks "
-                           "resize storage, which Dynamo cannot trace. Compile each block instead, before wrapping: "
-                           "for block in module.blocks: block.compile() (or torch.compile(block)), then FSDP(module)")
+# [Note: hooks outside compiled graphs] `block.compile(fullgraph=True)` before fully_shard compiles the block's
+# __call__, hooks included, and torch.compile(FSDP(model, use_orig_params=True)) compiles the wrapper's forward
+# with every unit's hooks inside it. The hooks issue collectives, resize storage and swap module attributes,
+# which a graph cannot hold, so, as torch marks its own FSDP hooks, Dynamo runs them eagerly (a graph break at
+# each) and compiles the computation between them.
+def eager_hook(hook):
+    """`hook` as a function Dynamo never traces (torch's marker needs a plain function, not a bound method)."""
+    return torch._disable_dynamo(lambda *args, **kwargs: hook(*args, **kwargs))

@@ -23,9 +23,21 @@ def drop_abandoned_backward(ctx, units) -> None:
         return
     if torch._C._current_graph_task_id() != -1:
         raise RuntimeError("FSDP forward called while a backward is still running")
+    reset_iteration(ctx, units)
+
+
+def reset_iteration(ctx, units) -> None:
+    """Forget the iteration in progress, whatever stage it failed in (fully_shard's reset_iter_state, and the
+    next forward after an abandoned backward): wait for the reductions already issued, free every unit, drop
+    what was not reduced yet (no_sync's local sums, HSDP's partial sums, half-built unsharded gradients), and
+    clear the step's flags. [Note: reset_iter_state drops the failed iteration's gradients] as torch 2.13 says
+    of its reset: the failed iteration's gradients that were not reduced are lost, and a gradient accumulation
+    must restart its micro-batches. Gradients already reduced onto the shards stay there, as in torch (its
+    completed reduce-scatters have accumulated into the sharded .grad): optimizer.zero_grad() clears them."""
     ctx.reduces.drain()
     for unit in units:
         unit.reset_abandoned_backward()
+    ctx.frees.drain()
     ctx.in_backward = ctx.final_callback_queued = False
 
 

@@ -53,6 +53,7 @@ class FSDPState:
     order_frozen: bool = False
     tracer: Any = None
     on_backward_start: Optional[Callable[[], None]] = None
+    post_optim_event: Any = None  # FSDPModule.set_post_optim_event: what the next iteration's gathers wait for
     streams: Optional[CommStreams] = None
     reduces: Optional[ReduceQueue] = None
     frees: Optional[FreeQueue] = None
@@ -76,8 +77,9 @@ class FSDPState:
         if self.grads_reduced:
             self.param_epoch += 1
             self.grads_reduced = False
-        self.streams.begin_iteration()
-        self.frees.drain(ordered=True)
+        event, self.post_optim_event = self.post_optim_event, None  # used once, as torch's
+        ordered = self.streams.begin_iteration(event)
+        self.frees.drain(ordered=ordered)
 
     def emit(self, event: str, unit: str, phase: str, collectives: tuple = (), **extra) -> None:
         """Hand one lifecycle event to the attached tracer, if any; `collectives` are what the beat issued

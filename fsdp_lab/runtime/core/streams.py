@@ -1,11 +1,10 @@
-"""The gather and reduce paths of one shard layout, the side streams they run on, and what keeps memory safe.
+"""The gather path of one shard layout, the side streams both paths run on, and what keeps memory safe.
 
-`gather_flat_param` and `reduce_flat_param` are one layout's all-gather and gradient reduction (a FlatParam or a
-ParamGroup: [Note: two layouts] in fsdp_lab/runtime/core/layout.py), per strategy, placed
-on the right stream; the unit (fsdp_lab/runtime/core/unit.py) decides *when* they run. The whole reduce path is here:
-copy-in and collective (fsdp_lab/runtime/core/collectives.py), copy-out (`store_grad`), and the queue of reduces the
-compute stream has not yet waited for (`ReduceQueue`). The gather path's counterpart is the `FreeQueue`: freed
-unsharded buffers held until their readers on the compute stream are done.
+`gather_flat_param` is one layout's all-gather (a FlatParam or a ParamGroup: [Note: two layouts] in
+fsdp_lab/runtime/core/layout.py), per strategy, placed on the right stream; its counterpart, the gradient
+reduction, is fsdp_lab/runtime/core/reduction.py. The unit (fsdp_lab/runtime/core/unit.py) decides *when* they
+run. Here too: the queue of reduces the compute stream has not yet waited for (`ReduceQueue`), and the
+`FreeQueue`: freed unsharded buffers held until their readers on the compute stream are done.
 
 [Note: three streams] On CUDA the runtime uses three streams. torch FSDP2 splits the work the same way, and adds a
 stream for the all-gather's copy-in and one for HSDP's all-reduce; it also gives its reduce-scatter stream high
@@ -77,8 +76,7 @@ from typing import Any, Optional
 import torch
 from torch.autograd import profiler as _autograd_profiler
 
-from fsdp_lab.runtime.core.collectives import (Collective, PendingCollective, all_gather_flat, all_reduce_mean,
-                                               reduce_scatter_mean, start_all_gather_flat)
+from fsdp_lab.runtime.core.collectives import Collective, PendingCollective, all_gather_flat, start_all_gather_flat
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
 
 
@@ -107,12 +105,20 @@ class CommStreams:
         self.gather = self.cuda.Stream(device=device, priority=-1) if self.enabled else None
         self.reduce = self.cuda.Stream(device=device) if self.enabled else None
 
-    def begin_iteration(self) -> None:
+    def begin_iteration(self, post_optim_event=None) -> bool:
         """The root's forward starts: remember the stream it runs on (backward and its hooks use the same one),
-        and let the gather stream wait for it, once per iteration ([Note: three streams])."""
-        if self.enabled:
-            self.compute = self.cuda.current_stream(self.device)
-            self.gather.wait_stream(self.compute)
+        and let the gather stream wait for it, once per iteration ([Note: three streams]); or, given the event
+        the user recorded after the optimizer step (FSDPModule.set_post_optim_event), for that event only, so
+        unrelated work queued after the step does not hold the gathers back. True if the gather stream is now
+        ordered after everything queued on compute so far."""
+        if not self.enabled:
+            return True
+        self.compute = self.cuda.current_stream(self.device)
+        if post_optim_event is not None:
+            post_optim_event.wait(self.gather)
+            return False
+        self.gather.wait_stream(self.compute)
+        return True
 
     def compute_stream(self):
         return self.compute if self.compute is not None else self.cuda.current_stream(self.device)
@@ -175,8 +181,10 @@ class ReduceQueue:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def push(self, event, keep: tuple) -> None:
-        while len(self._pending) >= self.limit:
+    def push(self, event, keep: tuple, limit: Optional[int] = None) -> None:
+        """Queue one reduce; `limit` (a unit's set_reduce_scatter_max_input_buffers) overrides the bound for
+        this push."""
+        while len(self._pending) >= (limit or self.limit):
             self.streams.compute_waits(self._pending.popleft()[0])
         self._pending.append((event, keep))
 
@@ -306,13 +314,13 @@ def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, 
             output = flat.gather_output(full)
             if ahead and not streams.enabled:
                 comm, pending = start_all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size,
-                                                      flat.unit_name, ctx.shard_tag)
+                                                      flat.unit_name, ctx.shard_tag, comm=flat.all_gather_comm)
                 if pending is not None:
                     pending.then = lambda: _copy_out(flat, output, full)
                     return pending, comm
             else:
                 comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name,
-                                       ctx.shard_tag)
+                                       ctx.shard_tag, comm=flat.all_gather_comm)
             flat.copy_out(output, full)
         return streams.record("gather"), comm
 
@@ -320,42 +328,3 @@ def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, 
 def _copy_out(flat, output: torch.Tensor, full: torch.Tensor) -> None:
     with torch.no_grad():
         flat.copy_out(output, full)
-
-
-# -- reduce ----------------------------------------------------------------------------------------------------
-def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str) -> None:
-    """Reduce one flat's unsharded gradient on the reduce stream and put this rank's part on shard.grad:
-    reduce-scatter for the sharded strategies and ZERO1, all-reduce for NO_SHARD; under HSDP the reduced shard
-    is then all-reduced across the replicate group ([Note: hybrid sharding] in hybrid.py). The compute stream
-    waits for it through the ReduceQueue, at the latest at the end of backward."""
-    streams = ctx.streams
-    scatter = ctx.strategy is not ShardingStrategy.NO_SHARD
-    across = None
-    with label(f"fsdp_lab::reduce {unit_name}"), torch.no_grad(), streams.side("reduce"):
-        if scatter:
-            comm, out = reduce_scatter_mean(flat.reduce_input(grad), ctx.pg, ctx.world_size, flat.reduce_dtype,
-                                            unit_name, ctx.shard_tag)
-        else:
-            comm, out = all_reduce_mean(grad, ctx.pg, ctx.world_size, flat.reduce_dtype, unit_name, ctx.shard_tag)
-        if ctx.replicate_pg is not None:
-            across, out = all_reduce_mean(out, ctx.replicate_pg, ctx.replicate_size, flat.reduce_dtype, unit_name,
-                                          ctx.replicate_tag)
-        store_grad(ctx, flat, grad, out)
-        event = streams.record("reduce")
-    ctx.grads_reduced = True  # the optimizer may step now ([Note: ZeRO-1 replicas])
-    ctx.reduces.push(event, keep=(grad,) if streams.enabled else ())  # CPU: nothing runs later, nothing to keep
-    ctx.emit("reduce_scatter" if scatter else "all_reduce", unit_name, "backward", (comm,))
-    if across is not None:
-        ctx.emit("all_reduce", unit_name, "backward", (across,))
-
-
-def store_grad(ctx, flat, grad: torch.Tensor, out: torch.Tensor) -> None:
-    """Copy-out: put the reduced gradient on the fp32 shard (accumulating if one is already there); how it lands
-    on the shard is the layout's (`store_shard_grad`)."""
-    if ctx.strategy is ShardingStrategy.ZERO1 and flat.shard.grad is None:  # [Note: ZeRO-1 replicas]
-        local = grad if grad.dtype == flat.shard.dtype else grad.to(flat.shard.dtype)
-        chunk = flat.my_chunk(local)
-        chunk.copy_(out)
-        flat.replica_grad, flat.shard.grad = local, chunk
-    else:
-        flat.store_shard_grad(out)

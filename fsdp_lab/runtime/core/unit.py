@@ -33,7 +33,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fsdp_lab.runtime.core.strategy import BackwardPrefetch
-from fsdp_lab.runtime.core.streams import gather_flat_param, label, reduce_flat_param
+from fsdp_lab.runtime.core.reduction import ReduceOptions, reduce_flat_param
+from fsdp_lab.runtime.core.streams import gather_flat_param, label
 
 
 class UnitState(enum.Enum):
@@ -93,12 +94,16 @@ class Unit:
         self.requires_gradient_sync = True
         self.forward_prefetch_units = None  # None: the neighbour in the recorded order (if prefetch is on)
         self.backward_prefetch_units = None
+        self.unshard_in_backward = True  # False: backward never re-gathers (an embedding's weight is not read)
+        self.reduce_options = ReduceOptions()  # how gradients are reduced (fully_shard's set_* methods)
+        self._ever_gathered = False  # torch reduces an unused unit's zeros only once it has been unsharded
         self.post_forward_group = None  # reshard_after_forward=int: the PostForwardGroup to reshard to
         self._held_group = None  # the group whose shards this unit holds (state SHARDED_POST_FORWARD)
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
             flat.grad_stash = None  # no_sync: the local unsharded gradient summed over micro-batches
+            flat.partial_reduce = None  # HSDP with set_requires_all_reduce(False): the reduce-scattered sum
             flat.replica_grad = None  # ZeRO-1: the replicated fp32 gradient (its own chunk reduced)
         if any(g.persistent_full for g in flats):
             for g in flats:
@@ -134,6 +139,7 @@ class Unit:
             return
         group, self._held_group = self._held_group, None  # set: re-gather within it, from the kept shards
         self._transition("gather")
+        self._ever_gathered = True
         event = "regather" if phase == "backward" else "gather"
         extra = {} if group is None else {"group": "post_forward", "group_ranks": list(group.ranks)}
         self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait, **extra)
@@ -265,6 +271,9 @@ class Unit:
             for flat in self.trainable_flats:
                 if flat.orig_params is not None:
                     flat.orig_grads_to_shard()
+            if not self.unshard_in_backward:  # FSDPModule.set_unshard_in_backward(False)
+                self.ctx.emit("backward_start", self.name, "backward")
+                return grad
             self.ensure_unsharded("backward")
             # A forward checkpointed inside the unit (hooks outside, as apply_activation_checkpointing does it;
             # Hugging Face checkpoints the layer's __call__, hooks inside) is recomputed without pre_forward: the
@@ -297,7 +306,7 @@ class Unit:
     def _prefetch(self, unit, phase):
         if unit is None or unit.state not in _GATHERABLE:
             return
-        if phase == "backward" and not unit._backward_pending:
+        if phase == "backward" and not (unit._backward_pending and unit.unshard_in_backward):
             return
         in_flight = sum(1 for u in self.ctx.forward_order if u.state is UnitState.GATHERING)
         if in_flight < self.ctx.max_gathers_in_flight:
@@ -331,19 +340,41 @@ class Unit:
         """Root's end-of-backward duty: wait for every reduction (unless more backwards follow before the
         optimizer: FSDPModule.set_is_last_backward(False)), free whatever no hook could free (unused or
         frozen-only units)."""
+        self._reduce_unused()
         if wait_reduces:
             self.ctx.reduces.drain()
         if self.state is not UnitState.SHARDED and self.reshard_after_backward:
             self.free("backward")
         self.ctx.frees.drain()
         self._backward_pending = False
+        self._reduced_flats.clear()
+
+    # [Note: unused parameters] A unit whose parameters got no gradient on this rank (an MoE expert no token was
+    # routed to, a tower this batch skipped) reduces nothing, so the ranks that did use it wait in a
+    # reduce-scatter this rank never enters. With set_reduce_scatter_unused_params(True), as in torch, such a
+    # unit reduces zeros at the end of backward: each trainable flat that reduced nothing this backward, if the
+    # unit was ever unsharded (torch's condition: before that it has no unsharded parameter to give a zero
+    # gradient). Ranks must still reach these reductions in the same order, which the root's fixed order of
+    # units gives when every rank skips the same way; a unit used on one rank and unused on another reduces in
+    # its hook on the first and here on the second, which matches only if nothing else reduces in between.
+    def _reduce_unused(self) -> None:
+        if not (self.reduce_options.reduce_unused and self._ever_gathered and self.ctx.sync_gradients
+                and self.requires_gradient_sync):
+            return
+        for flat in self.trainable_flats:
+            if id(flat) not in self._reduced_flats:
+                zeros = torch.zeros(flat.full.shape, dtype=flat.compute_dtype, device=flat.full.device)
+                self._reduce(flat, zeros)
+                self._reduced_flats.add(id(flat))
+        if self._backward_pending and len(self._reduced_flats) == len(self.trainable_flats):
+            self._reduced = True
 
     def reset_abandoned_backward(self) -> None:
         """Forget a backward that raised half-way ([Note: per-iteration state is reset at the root's
         pre-forward] in api.py): free the parameters, drop the half-built gradients, clear the flags."""
         self.free("reset")
         for flat in self.trainable_flats:
-            flat.grad_stash = None
+            flat.grad_stash = flat.partial_reduce = None
             if flat.full is not flat.shard:
                 flat.full.grad = None
         self._backward_pending = self._backward_started = False
@@ -363,4 +394,4 @@ class Unit:
             return
         if flat.grad_stash is not None:
             grad, flat.grad_stash = flat.grad_stash.add_(grad), None
-        reduce_flat_param(ctx, flat, grad, self.name)
+        reduce_flat_param(ctx, flat, grad, self.name, self.reduce_options)

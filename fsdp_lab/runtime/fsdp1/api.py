@@ -16,7 +16,7 @@ from torch import nn
 
 from fsdp_lab.runtime.core.memory import memory_report
 from fsdp_lab.runtime.core.misuse import (FLAT_OF, check_requires_grad, check_same_model, mark_replaced,
-                                          refuse_compile, refuse_wrapped_inside, watch_optimizers)
+                                          eager_hook, refuse_wrapped_inside, watch_optimizers)
 from fsdp_lab.runtime.core.mixed_precision import (MixedPrecision, cast_inputs, coerce_mixed_precision, compute_dtype,
                                                    reduce_dtype)
 from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
@@ -154,10 +154,12 @@ class FSDP(nn.Module):
                     info.module.register_parameter(flat_param_name(flat), flat.shard)
                 flat.install_views()  # [Note: an attribute while sharded] in flat_param.py
             unit = Unit(info.name or "<root>", info.module, flats, ctx, is_root=info.module is module)
-            unit.hook_handles = [info.module.register_forward_pre_hook(unit.pre_forward, with_kwargs=True),
-                                 info.module.register_forward_hook(unit.post_forward)]
+            # [Note: hooks outside compiled graphs] in misuse.py
+            unit.hook_handles = [info.module.register_forward_pre_hook(eager_hook(unit.pre_forward),
+                                                                       with_kwargs=True),
+                                 info.module.register_forward_hook(eager_hook(unit.post_forward))]
             if unit.is_root:  # after the root unit's own post-forward: the forward is over
-                unit.hook_handles.append(info.module.register_forward_hook(self._hide_freed_views))
+                unit.hook_handles.append(info.module.register_forward_hook(eager_hook(self._hide_freed_views)))
             policy = ctx.mixed_precision
             if unit.module is not module and policy is not None and policy.param_dtype is not None \
                     and policy.cast_forward_inputs:
@@ -168,22 +170,29 @@ class FSDP(nn.Module):
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        ctx = self._ctx
+        args, kwargs = self._before_forward(args, kwargs)
+        output = self._fsdp_wrapped_module(*args, **kwargs)
+        self._after_forward()
+        return output
+
+    @torch._disable_dynamo
+    def _before_forward(self, args, kwargs):
         if self._nested_into is not None:
             raise RuntimeError("this FSDP was nested into another FSDP, which now runs its units: call the outer "
                                "one")
-        refuse_compile()  # [Note: torch.compile of the whole model] in misuse.py
         self._drop_abandoned_backward()
         check_requires_grad(self._units)
-        policy = ctx.mixed_precision
+        policy = self._ctx.mixed_precision
         if policy is not None and policy.param_dtype is not None and policy.cast_root_forward_inputs:
             args, kwargs = cast_inputs(policy.param_dtype, None, args, kwargs)
-        output = self._fsdp_wrapped_module(*args, **kwargs)
-        if ctx.forward_order:
-            ctx.order_frozen = True
+        return args, kwargs
+
+    @torch._disable_dynamo
+    def _after_forward(self) -> None:
+        if self._ctx.forward_order:
+            self._ctx.order_frozen = True
         if not torch.is_grad_enabled() or not self.training:
             self._reshard_all("forward")  # an earlier forward's backward stays pending: it re-gathers
-        return output
 
     def _drop_abandoned_backward(self) -> None:
         drop_abandoned_backward(self._ctx, self._units)  # [Note: per-iteration state is reset ...] in root.py

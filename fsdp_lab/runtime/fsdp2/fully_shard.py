@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.core.misuse import check_same_model, refuse_wrapped_param, watch_optimizers
+from fsdp_lab.runtime.core.misuse import check_same_model, eager_hook, refuse_wrapped_param, watch_optimizers
 from fsdp_lab.runtime.core.mixed_precision import MixedPrecisionPolicy, cast_floating, coerce_mp_policy
 from fsdp_lab.runtime.core.root import drop_abandoned_backward, finish_backward, queue_finish_backward
 from fsdp_lab.runtime.core.state import FSDPState
@@ -31,6 +31,7 @@ from fsdp_lab.runtime.core.unit import Unit
 from fsdp_lab.runtime.features.hybrid import hybrid_state, mesh_groups, shard_coordinate
 from fsdp_lab.runtime.features.offload import OffloadPolicy, fsdp2_placement
 from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
+from fsdp_lab.runtime.fsdp2.module_group import GroupHooks, root_modules
 from fsdp_lab.runtime.fsdp2.param_group import ParamGroup
 from fsdp_lab.runtime.fsdp2.post_forward import check_group_size, make_post_forward_groups
 
@@ -49,6 +50,8 @@ class FullyShardState:
         self.states: list[FullyShardState] = []  # root only: every fully_shard module of the model, root first
         self.is_last_backward = True  # root only
         self.params_checked = False  # root only: the first forward looked for parameters left on meta
+        self.group_hooks: Optional[GroupHooks] = None  # fully_shard of a list ([Note: one group over several
+        # modules] in fsdp_lab/runtime/fsdp2/module_group.py)
 
     @property
     def units(self) -> list[Unit]:
@@ -100,18 +103,31 @@ class FullyShardState:
             if not self.params_checked:
                 self._check_params()
             drop_abandoned_backward(self.ctx, self.units)
-        policy = self.mp_policy
-        if policy.param_dtype is not None and policy.cast_forward_inputs:
-            args, kwargs = cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
+        args, kwargs = self.cast_inputs(args, kwargs)
         marked = self.unit.pre_forward(module, args, kwargs)
         return marked if marked is not None else (args, kwargs)
 
-    def post_forward(self, module, args, output):
-        output = self.unit.post_forward(module, args, output)
+    def post_forward(self, module, args, output, also_hook: tuple = ()):
+        """`also_hook`: outputs of a group's earlier modules, which backward may reach first."""
+        if self.root is self:
+            for state in self.states:
+                if state.group_hooks is not None and state is not self:
+                    state.group_hooks.complete_open_pass()
+        hooked = self.unit.post_forward(module, args, (output, also_hook) if also_hook else output)
+        output = hooked[0] if also_hook else hooked
         if self.root is self and self.ctx.forward_order:
             self.ctx.order_frozen = True
+        return self.cast_output(output)
+
+    def cast_inputs(self, args, kwargs):
+        policy = self.mp_policy
+        if policy.param_dtype is not None and policy.cast_forward_inputs:
+            return cast_floating(args, policy.param_dtype), cast_floating(kwargs, policy.param_dtype)
+        return args, kwargs
+
+    def cast_output(self, output):
         if self.mp_policy.output_dtype is not None:
-            output = cast_floating(output, self.mp_policy.output_dtype)
+            return cast_floating(output, self.mp_policy.output_dtype)
         return output
 
     def _check_params(self) -> None:
@@ -141,7 +157,12 @@ class FullyShardState:
 
 
 def _states_below(module: nn.Module) -> list[FullyShardState]:
-    return [m._fsdp_lab_state for m in module.modules() if isinstance(m, FSDPModule)]
+    """Every fully_shard state in `module`'s tree, once each (a group over several modules shares one)."""
+    found = {}
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            found.setdefault(id(m._fsdp_lab_state), m._fsdp_lab_state)
+    return list(found.values())
 
 
 # -- fully_shard -----------------------------------------------------------------------------------------------
@@ -150,13 +171,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
                 dp_mesh_dims=None):
     """Shard `module`'s parameters (those no earlier fully_shard call took) per parameter on dim 0 across `mesh`
     and make its class an FSDPModule; returns `module`. Call it on each block, then on the root."""
-    if isinstance(module, (list, tuple)):
-        raise ValueError(f"fully_shard of a list of {len(module)} modules (one group over several modules) is not "
-                         f"supported by fsdp_lab; call it on their common parent")
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"fully_shard expects an nn.Module, got {type(module).__name__}")
-    if isinstance(module, FSDPModule):
-        raise ValueError(f"fully_shard was already applied to this {type(module).__name__}")
+    modules = root_modules(module)  # [Note: one group over several modules] in module_group.py
+    for m in modules:
+        if isinstance(m, FSDPModule):
+            raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
     for option, value in (("shard_placement_fn", shard_placement_fn), ("dp_mesh_dims", dp_mesh_dims)):
         if value is not None:
             raise ValueError(f"fully_shard option {option}={value!r} is not supported by fsdp_lab")
@@ -166,28 +184,33 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     placement = fsdp2_placement(offload_policy, device)  # [Note: host and device] in offload.py
     after_forward = _check_reshard_after_forward(reshard_after_forward, mesh)
     ignored = {id(p) for p in (ignored_params or ())}
-    trainable, frozen, originals = _collect_params(module, ignored)
-    for sub in _managed_modules(module):
+    trainable, frozen, originals = _collect_params(modules, ignored)
+    for sub in (sub for m in modules for sub in _managed_modules(m)):
         for name, buf in sub._buffers.items():
             if buf is not None and buf.device.type != "meta" and buf.device != device:
                 sub._buffers[name] = buf.to(device)
+    first = modules[0]
     layouts = []
-    for entries, requires_grad in ((trainable, True), (frozen, False)):
-        if not entries:
-            continue
-        compute = mp_policy.param_dtype or _master_dtype(entries, type(module).__name__)
-        layouts.append(ParamGroup(type(module).__name__, entries, mesh, requires_grad=requires_grad,
+    for requires_grad, dtype, entries in _by_dtype(trainable, frozen, type(first).__name__):
+        compute = _compute_dtype(dtype, mp_policy)
+        layouts.append(ParamGroup(type(first).__name__, entries, mesh, requires_grad=requires_grad,
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
                                   device=device, placement=placement))
-    unit = Unit(type(module).__name__, module, layouts, ctx=None, is_root=False)
+    unit = Unit(type(first).__name__, first, layouts, ctx=None, is_root=False)
     unit.reshard_after_forward = True if after_forward is None else bool(after_forward)
-    state = FullyShardState(module, unit, mesh, device, mp_policy, after_forward is None, originals)
+    state = FullyShardState(first, unit, mesh, device, mp_policy, after_forward is None, originals)
     if type(after_forward) is int:
         state.post_forward_size = after_forward
-    module.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
-    unit.hook_handles = [module.register_forward_pre_hook(state.pre_forward, with_kwargs=True),
-                         module.register_forward_hook(state.post_forward)]
-    module.__class__ = _fsdp_class(type(module))
+    hooks = state
+    if len(modules) > 1:
+        hooks = state.group_hooks = GroupHooks(state, modules)
+    pre_hook = eager_hook(hooks.pre_forward)  # [Note: hooks outside compiled graphs] in misuse.py
+    post_hook = eager_hook(hooks.post_forward)
+    for m in modules:
+        m.__dict__["_fsdp_lab_state"] = state  # not a submodule, not a parameter: a plain attribute
+        unit.hook_handles += [m.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                              m.register_forward_hook(post_hook)]
+        m.__class__ = _fsdp_class(type(m))
     return module
 
 
@@ -251,11 +274,11 @@ def _managed_modules(module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def _collect_params(module: nn.Module, ignored: set[int]):
+def _collect_params(modules: list[nn.Module], ignored: set[int]):
     """(trainable, frozen, originals): [(param, [(owner, attr, qualified name), ...])] for this group's parameters,
     and a weak map id → original parameter that later fully_shard calls check ties against."""
     claimed = weakref.WeakValueDictionary()
-    for state in _states_below(module):
+    for state in (state for module in modules for state in _states_below(module)):
         claimed.update(state.originals)
     seen: dict[int, tuple] = {}
 
@@ -276,19 +299,33 @@ def _collect_params(module: nn.Module, ignored: set[int]):
             if child is not None and not isinstance(child, FSDPModule):
                 visit(child, f"{prefix}{child_name}.")
 
-    visit(module, "")
+    for i, module in enumerate(modules):
+        visit(module, "" if len(modules) == 1 else f"{i}.")
     trainable = [entry for entry in seen.values() if entry[0].requires_grad]
     frozen = [entry for entry in seen.values() if not entry[0].requires_grad]
     originals = weakref.WeakValueDictionary({id(p): p for p, _a in seen.values()})
     return trainable, frozen, originals
 
 
-def _master_dtype(entries, unit_name: str) -> torch.dtype:
-    dtypes = {p.dtype for p, _a in entries}
-    if len(dtypes) > 1:
-        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtypes {sorted(map(str, dtypes))}; one "
-                         f"all-gather needs one dtype: pass mp_policy=MixedPrecisionPolicy(param_dtype=...)")
-    dtype = dtypes.pop()
-    if not dtype.is_floating_point:
-        raise ValueError(f"fully_shard: the parameters of {unit_name} have dtype {dtype}, which is not floating")
+# [Note: dtypes in one group] torch's fully_shard takes a module whose parameters have several dtypes (a
+# quantized int8 base, bf16 frozen weights and fp32 adapters, as PEFT builds them): it all-gathers them as bytes
+# in one collective, keeps each parameter's dtype, and casts only floating parameters to param_dtype. Its
+# reduce-scatter needs one gradient dtype, so trainable parameters of two dtypes fail there, in backward. Here one
+# ParamGroup holds one (requires_grad, dtype) kind: the unit gathers each in its own collective (one more
+# all-gather per extra dtype, the same bytes), casts as torch does, and reduces each kind's gradients in their
+# own dtype, so trainable parameters of two dtypes train as they would in one process.
+def _by_dtype(trainable: list, frozen: list, unit_name: str) -> list[tuple[bool, torch.dtype, list]]:
+    """(requires_grad, dtype, entries) per kind, trainable first, each kind in the module's order."""
+    kinds: dict[tuple[bool, torch.dtype], list] = {}
+    for requires_grad, entries in ((True, trainable), (False, frozen)):
+        for entry in entries:
+            kinds.setdefault((requires_grad, entry[0].dtype), []).append(entry)
+    return [(requires_grad, dtype, entries) for (requires_grad, dtype), entries in kinds.items()]
+
+
+def _compute_dtype(dtype: torch.dtype, mp_policy: MixedPrecisionPolicy) -> torch.dtype:
+    """What a parameter of `dtype` is gathered and computed in: param_dtype for floating parameters, their own
+    dtype otherwise (an int8 weight is never cast)."""
+    if mp_policy.param_dtype is not None and dtype.is_floating_point:
+        return mp_policy.param_dtype
     return dtype

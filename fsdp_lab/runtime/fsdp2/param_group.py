@@ -264,7 +264,11 @@ class ParamGroup(UnshardedViews):
 
     def gather_output(self, full: torch.Tensor) -> torch.Tensor:
         """Where the all-gather writes: a rank-major staging buffer, or `full` itself at world size 1."""
-        return full if self.world_size == 1 else torch.empty_like(full)
+        if self.world_size == 1:
+            return full
+        if self.all_gather_comm is not None:  # [Note: custom collectives] in collectives.py
+            return self.all_gather_comm.allocate(full.shape, dtype=full.dtype, device=full.device)
+        return torch.empty_like(full)
 
     def copy_out(self, output: torch.Tensor, full: torch.Tensor) -> None:
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
