@@ -83,7 +83,12 @@ def run(rank: int, world_size: int, lib: str) -> dict:
         groups = _groups(model)
         out["fast_before"] = {name: g.copies_master() for name, g in groups.items()}
         g = groups["blocks.0"]
-        out["locals_share_one_buffer"] = len({t.untyped_storage().data_ptr() for t in g.local_shards()}) == 1
+        # End to end in the master, each at offset 0 of a storage of its own ([Note: a piece's own storage])
+        shards = g.local_shards()
+        ends = [t.data_ptr() + t.numel() * t.element_size() for t in shards]
+        out["locals_share_one_buffer"] = shards[0].data_ptr() == g._master.data_ptr() and all(
+            t.data_ptr() == end for t, end in zip(shards[1:], ends))
+        out["locals_at_offset_0"] = all(t.storage_offset() == 0 for t in shards)
     evaluate()  # the views first made under grad mode serve no_grad and inference_mode forwards unchanged
     step(2)
     # Give one block new parameters (load_state_dict(assign=True) replaces them): copy-in must notice

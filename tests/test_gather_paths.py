@@ -25,7 +25,7 @@ def test_master_buffer_path_where_the_layout_allows_and_fallback_after_a_swap(wo
         # The head's 9 rows in blocks of 5: rank 1 of 2 holds 4 and a padding row: one piece per parameter there
         even = world_size == 1 or r["rank"] == 0
         assert r["fast_before"] == {"blocks.0": True, "blocks.1": True, "<root>": even}, r["fast_before"]
-        assert r["locals_share_one_buffer"]
+        assert r["locals_share_one_buffer"] and r["locals_at_offset_0"]
         assert r["fast_after"] == {"blocks.0": True, "blocks.1": False, "<root>": even}, r["fast_after"]
 
 

@@ -117,6 +117,11 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
     recurse=False summons the root unit only; every other unit stays sharded, as torch's nested FSDP modules do,
     and still gathers in its own forward. A unit that is summoned does not gather or free in forward: it
     computes with the summoned parameters.
+
+    [Note: a unit without flats] A unit can own no parameter at all: the root of an nn.Sequential whose every
+    Linear the policy wrapped. It is marked summoned like the others, but it has no flat to restore, so the mark
+    is undone from the list of marked units, not from the list of gathered flats (which would leave it marked,
+    and every later summon, load_state_dict and apply would take itself for a nested one).
     """
     ctx = model._ctx
     if any(u.summoned for u in model.units):
@@ -125,6 +130,7 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
     units = model.units if recurse else [u for u in model.units if u.is_root]
     keep = not rank0_only or ctx.rank == 0  # rank0_only: the others take part in the gathers and see shards
     restored = []  # (unit, flat, full fp32, full gradient or None, what to put back or None)
+    marked = []  # every unit marked summoned, flats or none ([Note: a unit without flats])
     try:
         for unit in units:
             for flat in unit.flats:
@@ -134,11 +140,13 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
                 replaced = register_full_params(unit, flat, full, grad) if keep else None
                 restored.append((unit, flat, full, grad, replaced))
             unit.summoned = keep
+            marked.append(unit)
         yield model
     finally:
+        for unit in marked:
+            unit.summoned = False
         with torch.no_grad():
             for unit, flat, full, grad, replaced in restored:
-                unit.summoned = False
                 if replaced is not None:
                     put_back(flat, replaced)
                 if writeback:

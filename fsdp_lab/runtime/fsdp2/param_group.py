@@ -94,6 +94,18 @@ def _local_rows(dim0: int, rank: int, world_size: int) -> int:
     return max(0, min(dim0, (rank + 1) * rows) - rank * rows)
 
 
+def _master_pieces(master: torch.Tensor, numels: list[int]) -> list[torch.Tensor]:
+    """`master` cut end to end into pieces of `numels` elements, each over a storage of its own that starts at
+    the piece's first byte and keeps the master's memory alive ([Note: a piece's own storage])."""
+    storage, itemsize = master.untyped_storage(), master.element_size()
+    pieces, start = [], 0
+    for numel in numels:
+        own = storage[start * itemsize:(start + numel) * itemsize]
+        pieces.append(master.new_empty(0).set_(own, 0, (numel,)))
+        start += numel
+    return pieces
+
+
 class ParamGroup(UnshardedViews):
     """The DTensor shards of one fully_shard group (of one requires_grad kind) and its unsharded buffer."""
 
@@ -117,7 +129,7 @@ class ParamGroup(UnshardedViews):
         if (not self.placement.offloaded and len({p.dtype for p, _a in entries}) == 1
                 and all(p.device.type != "meta" for p, _a in entries)):
             self._master = torch.empty(sum(held_numels), dtype=entries[0][0].dtype, device=device)
-        pieces = torch.split(self._master, held_numels) if self._master is not None else [None] * len(entries)
+        pieces = _master_pieces(self._master, held_numels) if self._master is not None else [None] * len(entries)
         for (param, aliases), piece in zip(entries, pieces):
             sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece)
             mark_replaced(param, aliases[0][2], "fully_shard")  # [Note: traps that train nothing] in misuse.py
@@ -215,6 +227,16 @@ class ParamGroup(UnshardedViews):
     # whenever every dim 0 divides by N. Whatever replaces a local tensor or its storage (to_empty,
     # load_state_dict(assign=True), `.data =`) ends that, and copy-in goes back to one piece per parameter:
     # nothing is copied back into the buffer behind the user's back.
+    #
+    # [Note: a piece's own storage] A DTensor takes its local tensor's storage offset as its own, while its
+    # storage is a placeholder with no data. A local tensor cut from the master by torch.split or slicing starts
+    # past offset 0 for every parameter but the first, and so would the DTensor wrapping it, and the DTensors
+    # that state_dict(), detach() or any op make from it: torch.save and dcp.async_save then take such a DTensor
+    # for a plain tensor with data and fail on the placeholder storage ("invalid python storage"). So each piece
+    # is a tensor at offset 0 of its own storage, a slice of the master's storage (it holds a reference to the
+    # master's memory): the same bytes, so the state dict's DTensors are still the parameters' memory and a load
+    # into them in place (dcp.load, load_state_dict) reaches the master, while every DTensor starts at offset 0,
+    # as torch's fully_shard's do. A copy in state_dict() would save, but turn those loads into silent no-ops.
     def copies_master(self) -> bool:
         """Copy-in is one copy of the master buffer: no padding between blocks, and the local tensors are still
         the views of it that fully_shard made (_sources() cuts a new list once any was replaced)."""
