@@ -112,17 +112,20 @@ def _norm(model, fsdp2: bool) -> float:
 
 
 def case_clip(rank, lib):
-    """fsdp2-19: model.clip_grad_norm_(max) against torch.nn.utils.clip_grad_norm_(model.parameters(), max)."""
+    """fsdp2-19: model.clip_grad_norm_(max) against torch.nn.utils.clip_grad_norm_(model.parameters(), max); and
+    whether the wrapped model is the same object, of an FSDPModule class."""
     out = {}
     for front in ("fsdp1", "fsdp2"):
-        model = fsdp1_wrap(lib, fresh()) if front == "fsdp1" else fsdp2_wrap(lib, fresh())
+        net = fresh()
+        model = fsdp1_wrap(lib, net) if front == "fsdp1" else fsdp2_wrap(lib, net)
         step(model, batch(rank))
+        kept = {"same_object": model is net, "fsdp_module": isinstance(model, api(lib)[0].FSDPModule)}
         if front == "fsdp1":
             total = model.clip_grad_norm_(0.01)
         else:
             total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
             total = total.full_tensor() if isinstance(total, DTensor) else total
-        out[front] = {"norm": float(total), "after": _norm(model, front == "fsdp2"),
+        out[front] = {"norm": float(total), "after": _norm(model, front == "fsdp2"), **kept,
                       "dtensor_grads": all(isinstance(p.grad, DTensor) for p in model.parameters())}
     return out
 

@@ -143,6 +143,15 @@ def test_clip_grad_norm_method_and_torch_function_agree(lib):
 
 
 @pytest.mark.parametrize("lib", LIBS)
+def test_fully_shard_keeps_the_model_object_and_makes_it_an_fsdp_module(lib):
+    """fsdp2-19's first row: FSDP(model) is a new wrapper object; fully_shard(model) leaves the same object, whose
+    class becomes an FSDPModule."""
+    got = case(lib, "clip")
+    assert got["fsdp2"]["same_object"] and got["fsdp2"]["fsdp_module"]
+    assert not got["fsdp1"]["same_object"] and not got["fsdp1"]["fsdp_module"]
+
+
+@pytest.mark.parametrize("lib", LIBS)
 def test_no_sync_and_requires_gradient_sync_accumulate_the_same(lib):
     """fsdp2-19, accum-05-00/02: no reduction in the first micro-batch, the same gathers (root once, each block
     twice per micro-batch), one reduction per unit in the last, the same accumulated gradient."""
