@@ -296,8 +296,9 @@ class Unit:
         return self.ctx.strategy.frees_after_forward and not self.is_root
 
     def _prefetch_all(self, explicit, step: int, implicit: bool, phase: str) -> None:
-        """Prefetch the units set by FSDPModule.set_modules_to_*_prefetch, else the recorded neighbour."""
-        if explicit is not None:
+        """Prefetch the units set by FSDPModule.set_modules_to_*_prefetch, else the recorded neighbour. An empty
+        list is no list, as in torch: set_modules_to_backward_prefetch([]) brings the default prefetch back."""
+        if explicit:
             for unit in explicit:
                 self._prefetch(unit, phase)
         elif implicit:
