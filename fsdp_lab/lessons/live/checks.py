@@ -39,8 +39,14 @@ def close_to(a: float, b: float, rel: float = 0.01) -> bool:
     return abs(a - b) <= rel * max(abs(b), 1)
 
 
-def not_written(name: str, err: NotImplementedError) -> Verdict:
-    return Verdict(False, f"{name} is not written yet" + (f" ({err})" if str(err) else ""), todo=True)
+def not_written(name: str, err: Optional[NotImplementedError] = None) -> Verdict:
+    return Verdict(False, f"{name} is not written yet" + (f" ({err})" if err is not None and str(err) else ""),
+                   todo=True)
+
+
+def unwritten(name: str, value) -> Optional[Verdict]:
+    """The "not written yet" Verdict when `value` is still the learner's stub (None), else None."""
+    return not_written(name) if value is None else None
 
 
 # [Note: the model a check reads] A learner passes whatever model the cell holds: the plain one they forgot to wrap,
@@ -61,6 +67,8 @@ def wrong_model(check: str, model, *fronts: str) -> Optional[Verdict]:
     """None if `model` is wrapped by one of `fronts` (FSDP1, FSDP2), else the Verdict that names what it is."""
     if (FSDP1 in fronts and isinstance(model, FSDP)) or (FSDP2 in fronts and isinstance(model, FSDPModule)):
         return None
+    if model is None:  # the stub of the learner's copy: `model = None  # ← yours`
+        return not_written("the model")
     how = " or ".join(fronts)
     return Verdict(False, f"{check} reads a model wrapped by {how}; this is {_described(model)}: pass the model "
                           f"the exercise wrapped with {how}")
@@ -92,7 +100,7 @@ def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: i
 
 def state_bytes(predicted: float, model, optimizer) -> Verdict:
     """`predicted`: the bytes of parameters, gradients and optimizer state one rank holds after a step."""
-    wrong = wrong_model("state_bytes", model, FSDP1, FSDP2)
+    wrong = unwritten("your prediction", predicted) or wrong_model("state_bytes", model, FSDP1, FSDP2)
     if wrong:
         return wrong
     mem = memory_report(model, optimizer)
@@ -150,8 +158,18 @@ def shard_range_of(fn: Callable[[int, int, int], tuple], chunks: Sequence[Chunk]
     return Verdict(True, f"all {len(chunks)} chunks are where you said ({units})")
 
 
+# Flat buffers whose length does not divide by n: without them a `numel // n` answer passes, since the tiny GPT's
+# units (each parameter aligned to 16 bytes) all have even lengths.
+UNEVEN_FLATS = ((10, 4), (7, 2), (5, 4))
+
+
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
-    """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer."""
+    """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer: first for
+    lengths that do not divide by n (UNEVEN_FLATS), then for every unit of the learner's model."""
+    uneven = shard_range_of(fn, [c for numel, n in UNEVEN_FLATS
+                                 for c in chunks_of(f"a {numel}-element unit", numel, n)])
+    if not uneven.ok:
+        return uneven
     wrong = wrong_model("shard_range", model, FSDP1)
     if wrong:
         return wrong
@@ -222,7 +240,7 @@ def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float3
 
 def gathered_after_forward(predicted: float, report, model) -> Verdict:
     """`predicted`: params_unsharded bytes right after the forward (`report`: memory_report then)."""
-    wrong = wrong_model("gathered_after_forward", model, FSDP1)
+    wrong = unwritten("your prediction", predicted) or wrong_model("gathered_after_forward", model, FSDP1)
     if wrong:
         return wrong
     measured = report.params_unsharded
@@ -270,6 +288,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank: int) -> Verdict:
     """`mine`: this rank's chunk of the average of every rank's gradient (`grads`: each rank's full gradient),
     the gradient padded with zeros to a multiple of the world size first, as the runtime pads it."""
+    if mine is None:
+        return not_written("your chunk (mine)")
     n = len(grads)
     numel = grads[0].numel()
     total = torch.zeros(padded_size(numel, n), dtype=torch.float64)
@@ -299,6 +319,8 @@ def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank:
 
 def same_losses(a: Sequence[float], b: Sequence[float], what: str = "FULL_SHARD and NO_SHARD") -> Verdict:
     """Two runs of the same model on the same batches: the losses agree to float32 rounding."""
+    if a is None or b is None:
+        return not_written("your losses")
     if len(a) != len(b) or not a:
         return Verdict(False, f"{len(a)} losses against {len(b)}: train both for the same number of steps")
     worst = max(range(len(a)), key=lambda i: abs(a[i] - b[i]))
@@ -314,6 +336,8 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     def sent(events):
         return sum(e["bytes_sent"] for e in events if e["step"] == 0)
 
+    if ratio is None:
+        return not_written("your ratio")
     f, d = sent(fsdp_events), sent(ddp_events)
     if not f or not d:
         return Verdict(False, "a trace has no bytes for step 0: trace one step of each model")
@@ -329,28 +353,75 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")
 
 
+# Cases where plain division is wrong: the first dimension does not divide by n, and with 5 rows on 4 ranks the
+# last rank keeps none (ceil(5/4) = 2 rows each: 2, 2, 1, 0). The tiny GPT's first dimensions all divide by 2.
+UNEVEN_ROWS = ((5, 4), (7, 2), (3, 4), (10, 4))
+
+
+def dim0_cases(shapes: Sequence[tuple]) -> list:
+    """(name, dim0, n, rank, start, stop) for every rank of every (name, dim0, n), cut as fsdp_lab's fully_shard cuts
+    Shard(0) (fsdp2.param_group._local_rows)."""
+    from fsdp_lab.runtime.fsdp2.param_group import _local_rows
+
+    cases = []
+    for name, dim0, n in shapes:
+        rows = -(-dim0 // n)
+        for r in range(n):
+            start = min(r * rows, dim0)
+            cases.append((name, dim0, n, r, start, start + _local_rows(dim0, r, n)))
+    return cases
+
+
+def dim0_rows_of(fn: Callable[[int, int, int], tuple], cases: Sequence[tuple]) -> Verdict:
+    """`fn(dim0, n, rank) -> (start, stop)` against each (name, dim0, n, rank, start, stop); the first wrong one is
+    explained."""
+    for name, dim0, n, rank, start, stop in cases:
+        try:
+            got = fn(dim0, n, rank)
+        except NotImplementedError as err:
+            return not_written("dim0_rows", err)
+        where = f"{name} ({dim0} rows on {n} ranks)"
+        try:
+            got = tuple(int(v) for v in got)
+        except (TypeError, ValueError):
+            return Verdict(False, f"{where}: dim0_rows must return (start, stop), two integers; got {got!r}")
+        if len(got) != 2:
+            return Verdict(False, f"{where}: dim0_rows must return (start, stop), got {got!r}")
+        if got == (start, stop):
+            continue
+        rows = -(-dim0 // n)
+        if got[1] - got[0] == stop - start:
+            why = f"the right count, but rank r starts at row r · {rows}"
+        elif got[1] > dim0:
+            why = f"there are only {dim0} rows: stop at {dim0} (a rank may keep fewer rows, or none)"
+        else:
+            why = (f"each rank gets ceil({dim0} / {n}) = {rows} rows, as torch.chunk cuts it, the last ones fewer or "
+                   f"none" + (f"; {dim0} // {n} = {dim0 // n} loses rows" if dim0 % n else ""))
+        return Verdict(False, f"{where}: you say rank {rank} keeps rows [{got[0]}, {got[1]}), Shard(0) gives it "
+                              f"[{start}, {stop}); {why}")
+    return Verdict(True, f"all {len(cases)} row blocks are where you said")
+
+
 def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
-    Shard(0), compared with every DTensor parameter of the learner's fully_shard model."""
+    Shard(0): first on first dimensions that do not divide by n (UNEVEN_ROWS), then against every DTensor
+    parameter of the learner's fully_shard model."""
+    uneven = dim0_rows_of(fn, dim0_cases([(f"a ({d},) parameter", d, n) for d, n in UNEVEN_ROWS]))
+    if not uneven.ok:
+        return uneven
     wrong = wrong_model("dim0_rows", model, FSDP2)
     if wrong:
         return wrong
     rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    cases = []
     for name, param in model.named_parameters():
         local = getattr(param, "_local_tensor", None)
         if local is None:
             return Verdict(False, f"{name} is a plain tensor, not a DTensor: call fully_shard on the model first")
-        try:
-            got = tuple(fn(param.shape[0], n, rank))
-        except NotImplementedError:
-            return Verdict(False, "dim0_rows is not written yet")
-        if len(got) != 2:
-            return Verdict(False, f"{name}: dim0_rows must return (start, stop), got {got!r}")
-        rows = -(-param.shape[0] // n)
-        want = (min(rank * rows, param.shape[0]), min(rank * rows, param.shape[0]) + local.shape[0])
-        if got != want:
-            why = (f"each rank gets ceil({param.shape[0]} / {n}) = {rows} rows, the last ones fewer or none"
-                   if got[1] - got[0] != local.shape[0] else f"the right count, but rank r starts at row r · {rows}")
-            return Verdict(False, f"{name} {tuple(param.shape)}: you say rank {rank} keeps rows [{got[0]}, {got[1]}), "
-                                  f"its DTensor holds [{want[0]}, {want[1]}); {why}")
-    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0))")
+        start = min(rank * -(-param.shape[0] // n), param.shape[0])
+        cases.append((f"{name} {tuple(param.shape)}", param.shape[0], n, rank, start, start + local.shape[0]))
+    verdict = dim0_rows_of(fn, cases)
+    if not verdict.ok:
+        return verdict
+    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0)), and "
+                         f"of {len(UNEVEN_ROWS)} first dimensions that do not divide evenly")
