@@ -80,6 +80,8 @@ def test_the_copy_has_stubs_and_no_solution_and_every_other_cell_as_it_was(path)
         after = copy["cells"][copy["cells"].index(got) + 1]
         assert f"show_solution({cell['id']!r})" in _text(after) and after["id"] == f"{cell['id']}-solution"
     assert [c["id"] for c in copy["cells"] if not c["id"].endswith("-solution")] == [c["id"] for c in nb["cells"]]
+    nbformat = pytest.importorskip("nbformat")
+    nbformat.validate(nbformat.from_dict(copy))  # JupyterLab opens it
 
 
 def test_make_student_copies_writes_every_chapter_without_its_solutions(tmp_path):

@@ -423,5 +423,5 @@ def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     verdict = dim0_rows_of(fn, cases)
     if not verdict.ok:
         return verdict
-    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0)), and "
-                         f"of {len(UNEVEN_ROWS)} first dimensions that do not divide evenly")
+    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0)), as "
+                         f"in {len(UNEVEN_ROWS)} uneven cases")
