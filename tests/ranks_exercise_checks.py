@@ -78,4 +78,14 @@ def run_cases(rank: int, world_size: int) -> dict:
 
     out["dim0_solution"] = _v(checks.dim0_rows(dim0_rows, net))
     out["dim0_on_fsdp1"] = _v(checks.dim0_rows(dim0_rows, fsdp1))
+
+    def divided(size, n, r):  # plain division: every unit and parameter of the tiny GPT divides by 2
+        return r * (size // n), (r + 1) * (size // n)
+
+    def stub(*_args):
+        raise NotImplementedError("the stub")
+
+    out["shard_range_divided"] = _v(checks.shard_range(divided, fsdp1))
+    out["dim0_divided"] = _v(checks.dim0_rows(divided, net))
+    out["dim0_stub"] = _v(checks.dim0_rows(stub, net))
     return out

@@ -160,23 +160,24 @@ def shard_range_of(fn: Callable[[int, int, int], tuple], chunks: Sequence[Chunk]
 
 # Flat buffers whose length does not divide by n: without them a `numel // n` answer passes, since the tiny GPT's
 # units (each parameter aligned to 16 bytes) all have even lengths.
-UNEVEN_FLATS = ((10, 4), (7, 2), (5, 4))
+UNEVEN_FLATS = ((10, 4), (7, 2), (5, 4))  # after the model's own units, which explain most mistakes first
 
 
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer: first for
     lengths that do not divide by n (UNEVEN_FLATS), then for every unit of the learner's model."""
-    uneven = shard_range_of(fn, [c for numel, n in UNEVEN_FLATS
-                                 for c in chunks_of(f"a {numel}-element unit", numel, n)])
-    if not uneven.ok:
-        return uneven
     wrong = wrong_model("shard_range", model, FSDP1)
     if wrong:
         return wrong
     chunks = [Chunk(unit.name, flat.numel, flat.world_size, flat.rank, flat.padded_numel, flat.shard_offset,
                     flat.shard_numel) for unit in model.units for flat in unit.flats]
-    verdict = shard_range_of(fn, chunks)
+    verdict = shard_range_of(fn, chunks + uneven_chunks())
     return Verdict(True, f"rank {model.rank}'s chunk of every unit is where you said it is") if verdict.ok else verdict
+
+
+def uneven_chunks() -> list:
+    """Every rank's Chunk of the UNEVEN_FLATS buffers."""
+    return [c for numel, n in UNEVEN_FLATS for c in chunks_of(f"a {numel}-element unit", numel, n)]
 
 
 _BEAT_EVENTS = {"gather_start": "gather", "regather_start": "regather", "free": "free",
@@ -372,6 +373,11 @@ def dim0_cases(shapes: Sequence[tuple]) -> list:
     return cases
 
 
+def uneven_rows() -> list:
+    """dim0_cases of the UNEVEN_ROWS first dimensions."""
+    return dim0_cases([(f"a ({d},) parameter", d, n) for d, n in UNEVEN_ROWS])
+
+
 def dim0_rows_of(fn: Callable[[int, int, int], tuple], cases: Sequence[tuple]) -> Verdict:
     """`fn(dim0, n, rank) -> (start, stop)` against each (name, dim0, n, rank, start, stop); the first wrong one is
     explained."""
@@ -404,11 +410,8 @@ def dim0_rows_of(fn: Callable[[int, int, int], tuple], cases: Sequence[tuple]) -
 
 def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
-    Shard(0): first on first dimensions that do not divide by n (UNEVEN_ROWS), then against every DTensor
-    parameter of the learner's fully_shard model."""
-    uneven = dim0_rows_of(fn, dim0_cases([(f"a ({d},) parameter", d, n) for d, n in UNEVEN_ROWS]))
-    if not uneven.ok:
-        return uneven
+    Shard(0), against every DTensor parameter of the learner's fully_shard model, then on first dimensions that do
+    not divide by n (UNEVEN_ROWS)."""
     wrong = wrong_model("dim0_rows", model, FSDP2)
     if wrong:
         return wrong
@@ -420,7 +423,7 @@ def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
             return Verdict(False, f"{name} is a plain tensor, not a DTensor: call fully_shard on the model first")
         start = min(rank * -(-param.shape[0] // n), param.shape[0])
         cases.append((f"{name} {tuple(param.shape)}", param.shape[0], n, rank, start, start + local.shape[0]))
-    verdict = dim0_rows_of(fn, cases)
+    verdict = dim0_rows_of(fn, cases + uneven_rows())
     if not verdict.ok:
         return verdict
     return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0)), as "
