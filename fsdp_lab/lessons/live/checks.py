@@ -5,7 +5,8 @@ Each returns a Verdict, which prints as "ok: ..." or "not yet: ...". [Note: one 
 core takes plain numbers (`state_bytes_of`, `shard_range_of`, `beat_order_of`); the live form reads them from the
 rank's own model or trace. The terminal exercises in course/exercises/ call the same cores with numbers recorded
 from a run or computed by the runtime's own layout code (fsdp_lab/lessons/exercises.py runs them), so a wrong
-answer gets the same explanation in a notebook and in a terminal.
+answer gets the same explanation in a notebook and in a terminal. The Verdict and the model guard are in
+.verdict, FSDP2's row checks (dim0_rows) in .rows; both are importable from here, as the notebooks call them.
 """
 from __future__ import annotations
 
@@ -15,63 +16,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from fsdp_lab.lessons.live.rows import UNEVEN_ROWS, dim0_cases, dim0_rows, dim0_rows_of, uneven_rows  # noqa: F401
+from fsdp_lab.lessons.live.verdict import (FSDP1, FSDP2, Verdict, close_to, not_written, unwritten,  # noqa: F401
+                                           wrong_model)
 from fsdp_lab.runtime.core.memory import memory_report
 from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.flat_param import padded_size
-from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
 
 ROOT = "<root>"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    ok: bool
-    message: str
-    todo: bool = False  # the learner's function is not written yet (it raised NotImplementedError)
-
-    def __str__(self) -> str:
-        return ("ok: " if self.ok else "not yet: ") + self.message
-
-    __repr__ = __str__
-
-
-def close_to(a: float, b: float, rel: float = 0.01) -> bool:
-    return abs(a - b) <= rel * max(abs(b), 1)
-
-
-def not_written(name: str, err: Optional[NotImplementedError] = None) -> Verdict:
-    return Verdict(False, f"{name} is not written yet" + (f" ({err})" if err is not None and str(err) else ""),
-                   todo=True)
-
-
-def unwritten(name: str, value) -> Optional[Verdict]:
-    """The "not written yet" Verdict when `value` is still the learner's stub (None), else None."""
-    return not_written(name) if value is None else None
-
-
-# [Note: the model a check reads] A learner passes whatever model the cell holds: the plain one they forgot to wrap,
-# or the other front end's from an earlier chapter. Each check that reads a model says first which front end it
-# reads and what it got, instead of failing on a missing attribute.
-FSDP1, FSDP2 = "FSDP(...)", "fully_shard"
-
-
-def _described(model) -> str:
-    if isinstance(model, FSDP):
-        return f"an FSDP-wrapped {type(model.module).__name__}"
-    if isinstance(model, FSDPModule):
-        return f"a fully_shard model ({type(model).__name__})"
-    return f"a plain {type(model).__name__} (not wrapped by fsdp_lab)"
-
-
-def wrong_model(check: str, model, *fronts: str) -> Optional[Verdict]:
-    """None if `model` is wrapped by one of `fronts` (FSDP1, FSDP2), else the Verdict that names what it is."""
-    if (FSDP1 in fronts and isinstance(model, FSDP)) or (FSDP2 in fronts and isinstance(model, FSDPModule)):
-        return None
-    if model is None:  # the stub of the learner's copy: `model = None  # ← yours`
-        return not_written("the model")
-    how = " or ".join(fronts)
-    return Verdict(False, f"{check} reads a model wrapped by {how}; this is {_described(model)}: pass the model "
-                          f"the exercise wrapped with {how}")
 
 
 def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: int, world_size: int,
@@ -352,79 +304,3 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     if close_to(ratio, 1 / measured, 1e-3):
         return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")
-
-
-# Cases where plain division is wrong: the first dimension does not divide by n, and with 5 rows on 4 ranks the
-# last rank keeps none (ceil(5/4) = 2 rows each: 2, 2, 1, 0). The tiny GPT's first dimensions all divide by 2.
-UNEVEN_ROWS = ((5, 4), (7, 2), (3, 4), (10, 4))
-
-
-def dim0_cases(shapes: Sequence[tuple]) -> list:
-    """(name, dim0, n, rank, start, stop) for every rank of every (name, dim0, n), cut as fsdp_lab's fully_shard cuts
-    Shard(0) (fsdp2.param_group._local_rows)."""
-    from fsdp_lab.runtime.fsdp2.param_group import _local_rows
-
-    cases = []
-    for name, dim0, n in shapes:
-        rows = -(-dim0 // n)
-        for r in range(n):
-            start = min(r * rows, dim0)
-            cases.append((name, dim0, n, r, start, start + _local_rows(dim0, r, n)))
-    return cases
-
-
-def uneven_rows() -> list:
-    """dim0_cases of the UNEVEN_ROWS first dimensions."""
-    return dim0_cases([(f"a ({d},) parameter", d, n) for d, n in UNEVEN_ROWS])
-
-
-def dim0_rows_of(fn: Callable[[int, int, int], tuple], cases: Sequence[tuple]) -> Verdict:
-    """`fn(dim0, n, rank) -> (start, stop)` against each (name, dim0, n, rank, start, stop); the first wrong one is
-    explained."""
-    for name, dim0, n, rank, start, stop in cases:
-        try:
-            got = fn(dim0, n, rank)
-        except NotImplementedError as err:
-            return not_written("dim0_rows", err)
-        where = f"{name} ({dim0} rows on {n} ranks)"
-        try:
-            got = tuple(int(v) for v in got)
-        except (TypeError, ValueError):
-            return Verdict(False, f"{where}: dim0_rows must return (start, stop), two integers; got {got!r}")
-        if len(got) != 2:
-            return Verdict(False, f"{where}: dim0_rows must return (start, stop), got {got!r}")
-        if got == (start, stop):
-            continue
-        rows = -(-dim0 // n)
-        if got[1] - got[0] == stop - start:
-            why = f"the right count, but rank r starts at row r · {rows}"
-        elif got[1] > dim0:
-            why = f"there are only {dim0} rows: stop at {dim0} (a rank may keep fewer rows, or none)"
-        else:
-            why = (f"each rank gets ceil({dim0} / {n}) = {rows} rows, as torch.chunk cuts it, the last ones fewer or "
-                   f"none" + (f"; {dim0} // {n} = {dim0 // n} loses rows" if dim0 % n else ""))
-        return Verdict(False, f"{where}: you say rank {rank} keeps rows [{got[0]}, {got[1]}), Shard(0) gives it "
-                              f"[{start}, {stop}); {why}")
-    return Verdict(True, f"all {len(cases)} row blocks are where you said")
-
-
-def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
-    """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
-    Shard(0), against every DTensor parameter of the learner's fully_shard model, then on first dimensions that do
-    not divide by n (UNEVEN_ROWS)."""
-    wrong = wrong_model("dim0_rows", model, FSDP2)
-    if wrong:
-        return wrong
-    rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    cases = []
-    for name, param in model.named_parameters():
-        local = getattr(param, "_local_tensor", None)
-        if local is None:
-            return Verdict(False, f"{name} is a plain tensor, not a DTensor: call fully_shard on the model first")
-        start = min(rank * -(-param.shape[0] // n), param.shape[0])
-        cases.append((f"{name} {tuple(param.shape)}", param.shape[0], n, rank, start, start + local.shape[0]))
-    verdict = dim0_rows_of(fn, cases + uneven_rows())
-    if not verdict.ok:
-        return verdict
-    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0)), as "
-                         f"in {len(UNEVEN_ROWS)} uneven cases")
