@@ -15,7 +15,12 @@ and the student copy gets, at the same indentation,
 so the file still imports, its checks still run (reporting TODO), and nothing of the answer is left. Files
 whose names start with "_" (`_package.py`) and README.md are copied unchanged.
 
-    python course/make_student_copies.py                 # → course/student/
+The chapters' notebooks follow the same rule, cell by cell (fsdp_lab.lessons.student_copy, which
+`fsdp-lab lab` also uses to write a learner's my-notebooks/): the repository's notebooks/ hold the solved "Your
+turn" cells, and the student copy gets each cell's `### STUB:` lines (or `raise NotImplementedError`) in place
+of its `### BEGIN SOLUTION` ... `### END SOLUTION` block, and a "show the solution" button after it.
+
+    python course/make_student_copies.py                 # → course/student/, notebooks in course/student/notebooks/
     python course/make_student_copies.py --out /tmp/s    # anywhere else
 """
 from __future__ import annotations
@@ -28,6 +33,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # run from a checkout: the package beside course/
+from fsdp_lab.lessons import student_copy  # noqa: E402
 BEGIN, END, HINT = "### BEGIN SOLUTION", "### END SOLUTION", "### HINT:"
 DEFAULT_HINT = "write this part; the checks at the bottom of the file say what is expected"
 
@@ -111,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, default=HERE / "exercises", help="teacher files (default: exercises/)")
     parser.add_argument("--out", type=Path, default=HERE / "student", help="where to write (default: student/)")
+    parser.add_argument("--notebooks", type=Path, default=HERE.parent / "notebooks",
+                        help="the solved chapters (default: ../notebooks/); copies go to OUT/notebooks/")
     args = parser.parse_args(argv)
     try:
         files = make_student_copies(args.source, args.out)
-    except MarkerError as err:
+        files += student_copy.write_student_copies(args.notebooks, args.out / "notebooks", overwrite=True)
+    except (MarkerError, student_copy.MarkerError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"wrote {len(files)} files to {args.out}")

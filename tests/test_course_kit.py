@@ -120,7 +120,9 @@ def test_bad_markers_are_refused_with_the_line(text, problem):
 def test_make_student_copies_cli(tmp_path):
     assert msc.main(["--out", str(tmp_path / "s")]) == 0
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(
-        [p.name for p in EXERCISES] + ["_package.py", "README.md"])
+        [p.name for p in EXERCISES] + ["_package.py", "README.md", "notebooks"])
+    assert sorted(p.name for p in (tmp_path / "s" / "notebooks").iterdir()) == sorted(
+        p.name for p in (REPO / "notebooks").glob("*.ipynb"))
 
 
 # -- the exercises' checks are the package's ----------------------------------------------------------------

@@ -1,5 +1,11 @@
 """`fsdp-lab lab`: open JupyterLab on the course's notebooks.
 
+[Note: the learner's copies] The repository's notebooks/ hold the solved exercises (CI runs them). A learner
+works in my-notebooks/ beside it: the launcher writes there the copy of each chapter that is not there yet, its
+solutions replaced by stubs (fsdp_lab.lessons.student_copy), and opens JupyterLab on that folder. A copy that
+exists is the learner's work and is never written over; delete it to start a chapter afresh. `--solved` opens
+notebooks/ itself. Beside notebooks/, the chapters' links to ../course/ still resolve.
+
 [Note: token auth] Jupyter runs arbitrary code for whoever reaches it, so this command enforces the token it
 promises; it does not trust configuration to keep it on. A Jupyter config file (JUPYTER_CONFIG_DIR,
 JUPYTER_CONFIG_PATH, jupyter_server_config.py/json) with `c.IdentityProvider.token = ''` would otherwise switch
@@ -51,6 +57,7 @@ from pathlib import Path
 from fsdp_lab.user_files import printable, read_text
 
 NAME = "lab"
+LEARNER_DIR = "my-notebooks"
 HELP = "Launch JupyterLab on the course notebooks (127.0.0.1 and token auth by default)."
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -257,6 +264,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8888, help="port (default 8888; Jupyter tries the next if busy)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     parser.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    parser.add_argument("--solved", action="store_true",
+                        help=f"open the solved notebooks (notebooks/) instead of your copies in {LEARNER_DIR}/")
+
+
+def learner_copies(notebooks: Path, write: bool = True) -> tuple[Path, list]:
+    """(the learner's folder beside `notebooks`, the chapters' copies written into it now: the missing ones)."""
+    from fsdp_lab.lessons.student_copy import write_student_copies
+
+    folder = notebooks.parent / LEARNER_DIR
+    if not write:
+        return folder, []
+    return folder, write_student_copies(notebooks, folder)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,6 +290,15 @@ def run(args: argparse.Namespace) -> int:
     except FileNotFoundError as err:
         print(f"fsdp-lab lab: error: {err}", file=sys.stderr)
         return 1
+    if not args.solved:
+        try:
+            notebooks, written = learner_copies(notebooks, write=not args.dry_run)
+        except (OSError, ValueError) as err:
+            print(f"fsdp-lab lab: error: cannot write the learner's copies: {err}", file=sys.stderr)
+            return 1
+        if written:
+            _say(f"fsdp-lab lab: wrote your copy of {len(written)} chapter(s) to {notebooks}: the exercises wait "
+                 f"for your code there (--solved opens the solved ones)")
     cmd = build_command(notebooks, args.ip, args.port, args.no_browser, as_root=_is_root())
     warning = network_warning(args.ip)
     if warning:

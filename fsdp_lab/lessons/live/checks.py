@@ -5,7 +5,8 @@ Each returns a Verdict, which prints as "ok: ..." or "not yet: ...". [Note: one 
 core takes plain numbers (`state_bytes_of`, `shard_range_of`, `beat_order_of`); the live form reads them from the
 rank's own model or trace. The terminal exercises in course/exercises/ call the same cores with numbers recorded
 from a run or computed by the runtime's own layout code (fsdp_lab/lessons/exercises.py runs them), so a wrong
-answer gets the same explanation in a notebook and in a terminal.
+answer gets the same explanation in a notebook and in a terminal. The Verdict and the model guard are in
+.verdict, FSDP2's row checks (dim0_rows) in .rows; both are importable from here, as the notebooks call them.
 """
 from __future__ import annotations
 
@@ -15,55 +16,14 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from fsdp_lab.lessons.live.rows import UNEVEN_ROWS, dim0_cases, dim0_rows, dim0_rows_of, uneven_rows  # noqa: F401
+from fsdp_lab.lessons.live.verdict import (FSDP1, FSDP2, Verdict, close_to, not_written, unwritten,  # noqa: F401
+                                           wrong_model)
 from fsdp_lab.runtime.core.memory import memory_report
 from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.flat_param import padded_size
-from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
 
 ROOT = "<root>"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    ok: bool
-    message: str
-    todo: bool = False  # the learner's function is not written yet (it raised NotImplementedError)
-
-    def __str__(self) -> str:
-        return ("ok: " if self.ok else "not yet: ") + self.message
-
-    __repr__ = __str__
-
-
-def close_to(a: float, b: float, rel: float = 0.01) -> bool:
-    return abs(a - b) <= rel * max(abs(b), 1)
-
-
-def not_written(name: str, err: NotImplementedError) -> Verdict:
-    return Verdict(False, f"{name} is not written yet" + (f" ({err})" if str(err) else ""), todo=True)
-
-
-# [Note: the model a check reads] A learner passes whatever model the cell holds: the plain one they forgot to wrap,
-# or the other front end's from an earlier chapter. Each check that reads a model says first which front end it
-# reads and what it got, instead of failing on a missing attribute.
-FSDP1, FSDP2 = "FSDP(...)", "fully_shard"
-
-
-def _described(model) -> str:
-    if isinstance(model, FSDP):
-        return f"an FSDP-wrapped {type(model.module).__name__}"
-    if isinstance(model, FSDPModule):
-        return f"a fully_shard model ({type(model).__name__})"
-    return f"a plain {type(model).__name__} (not wrapped by fsdp_lab)"
-
-
-def wrong_model(check: str, model, *fronts: str) -> Optional[Verdict]:
-    """None if `model` is wrapped by one of `fronts` (FSDP1, FSDP2), else the Verdict that names what it is."""
-    if (FSDP1 in fronts and isinstance(model, FSDP)) or (FSDP2 in fronts and isinstance(model, FSDPModule)):
-        return None
-    how = " or ".join(fronts)
-    return Verdict(False, f"{check} reads a model wrapped by {how}; this is {_described(model)}: pass the model "
-                          f"the exercise wrapped with {how}")
 
 
 def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: int, world_size: int,
@@ -92,7 +52,7 @@ def state_bytes_of(predicted: float, params: int, grads: int, optimizer_state: i
 
 def state_bytes(predicted: float, model, optimizer) -> Verdict:
     """`predicted`: the bytes of parameters, gradients and optimizer state one rank holds after a step."""
-    wrong = wrong_model("state_bytes", model, FSDP1, FSDP2)
+    wrong = unwritten("your prediction", predicted) or wrong_model("state_bytes", model, FSDP1, FSDP2)
     if wrong:
         return wrong
     mem = memory_report(model, optimizer)
@@ -150,15 +110,26 @@ def shard_range_of(fn: Callable[[int, int, int], tuple], chunks: Sequence[Chunk]
     return Verdict(True, f"all {len(chunks)} chunks are where you said ({units})")
 
 
+# Flat buffers whose length does not divide by n: without them a `numel // n` answer passes, since the tiny GPT's
+# units (each parameter aligned to 16 bytes) all have even lengths.
+UNEVEN_FLATS = ((10, 4), (7, 2), (5, 4))  # after the model's own units, which explain most mistakes first
+
+
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
-    """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer."""
+    """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer: first for
+    lengths that do not divide by n (UNEVEN_FLATS), then for every unit of the learner's model."""
     wrong = wrong_model("shard_range", model, FSDP1)
     if wrong:
         return wrong
     chunks = [Chunk(unit.name, flat.numel, flat.world_size, flat.rank, flat.padded_numel, flat.shard_offset,
                     flat.shard_numel) for unit in model.units for flat in unit.flats]
-    verdict = shard_range_of(fn, chunks)
+    verdict = shard_range_of(fn, chunks + uneven_chunks())
     return Verdict(True, f"rank {model.rank}'s chunk of every unit is where you said it is") if verdict.ok else verdict
+
+
+def uneven_chunks() -> list:
+    """Every rank's Chunk of the UNEVEN_FLATS buffers."""
+    return [c for numel, n in UNEVEN_FLATS for c in chunks_of(f"a {numel}-element unit", numel, n)]
 
 
 _BEAT_EVENTS = {"gather_start": "gather", "regather_start": "regather", "free": "free",
@@ -222,7 +193,7 @@ def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float3
 
 def gathered_after_forward(predicted: float, report, model) -> Verdict:
     """`predicted`: params_unsharded bytes right after the forward (`report`: memory_report then)."""
-    wrong = wrong_model("gathered_after_forward", model, FSDP1)
+    wrong = unwritten("your prediction", predicted) or wrong_model("gathered_after_forward", model, FSDP1)
     if wrong:
         return wrong
     measured = report.params_unsharded
@@ -270,6 +241,8 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank: int) -> Verdict:
     """`mine`: this rank's chunk of the average of every rank's gradient (`grads`: each rank's full gradient),
     the gradient padded with zeros to a multiple of the world size first, as the runtime pads it."""
+    if mine is None:
+        return not_written("your chunk (mine)")
     n = len(grads)
     numel = grads[0].numel()
     total = torch.zeros(padded_size(numel, n), dtype=torch.float64)
@@ -299,6 +272,8 @@ def reduce_scatter_mean(mine: torch.Tensor, grads: Sequence[torch.Tensor], rank:
 
 def same_losses(a: Sequence[float], b: Sequence[float], what: str = "FULL_SHARD and NO_SHARD") -> Verdict:
     """Two runs of the same model on the same batches: the losses agree to float32 rounding."""
+    if a is None or b is None:
+        return not_written("your losses")
     if len(a) != len(b) or not a:
         return Verdict(False, f"{len(a)} losses against {len(b)}: train both for the same number of steps")
     worst = max(range(len(a)), key=lambda i: abs(a[i] - b[i]))
@@ -314,6 +289,8 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     def sent(events):
         return sum(e["bytes_sent"] for e in events if e["step"] == 0)
 
+    if ratio is None:
+        return not_written("your ratio")
     f, d = sent(fsdp_events), sent(ddp_events)
     if not f or not d:
         return Verdict(False, "a trace has no bytes for step 0: trace one step of each model")
@@ -327,30 +304,3 @@ def comm_ratio(ratio: float, fsdp_events: Sequence[dict], ddp_events: Sequence[d
     if close_to(ratio, 1 / measured, 1e-3):
         return Verdict(False, f"that is NO_SHARD over FULL_SHARD: {d:,} / {f:,}")
     return Verdict(False, f"rank's trace says {f:,} / {d:,} = {measured:.3f}, you have {ratio:.3f}")
-
-
-def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
-    """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
-    Shard(0), compared with every DTensor parameter of the learner's fully_shard model."""
-    wrong = wrong_model("dim0_rows", model, FSDP2)
-    if wrong:
-        return wrong
-    rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    for name, param in model.named_parameters():
-        local = getattr(param, "_local_tensor", None)
-        if local is None:
-            return Verdict(False, f"{name} is a plain tensor, not a DTensor: call fully_shard on the model first")
-        try:
-            got = tuple(fn(param.shape[0], n, rank))
-        except NotImplementedError:
-            return Verdict(False, "dim0_rows is not written yet")
-        if len(got) != 2:
-            return Verdict(False, f"{name}: dim0_rows must return (start, stop), got {got!r}")
-        rows = -(-param.shape[0] // n)
-        want = (min(rank * rows, param.shape[0]), min(rank * rows, param.shape[0]) + local.shape[0])
-        if got != want:
-            why = (f"each rank gets ceil({param.shape[0]} / {n}) = {rows} rows, the last ones fewer or none"
-                   if got[1] - got[0] != local.shape[0] else f"the right count, but rank r starts at row r · {rows}")
-            return Verdict(False, f"{name} {tuple(param.shape)}: you say rank {rank} keeps rows [{got[0]}, {got[1]}), "
-                                  f"its DTensor holds [{want[0]}, {want[1]}); {why}")
-    return Verdict(True, f"rank {rank} keeps exactly the rows you said of every parameter (dim 0, Shard(0))")

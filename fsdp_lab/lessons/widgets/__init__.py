@@ -18,7 +18,7 @@ _HOME = {
     "PotluckLifecycle": "potluck", "LifecycleRun": "runs", "record_lifecycle": "runs", "resolve_device": "runs",
     "NoShippedTrace": "sources", "ShippedTrace": "sources", "list_gpu_traces": "sources",
     "load_gpu_trace": "sources", "gpu_trace_note": "sources", "HiddenAnswers": "answers", "reveal_answers": "answers",
-    "QuietRepr": "static", "beat_spans": "live_memory",
+    "QuietRepr": "static", "beat_spans": "live_memory", "SolutionButton": "solution", "show_solution": "solution",
 }
 __all__ = sorted(_HOME)
 

@@ -1,0 +1,148 @@
+"""The learner's copy of a chapter: every "Your turn" solution replaced by its stub, everything else kept.
+
+The repository's notebooks are the instructor's source and hold the solved exercises, so Run All (and nbval in
+CI) runs the solutions. Inside an exercise cell a solution sits between nbgrader's markers, with the stub the
+learner starts from right before them:
+
+    ### STUB: predicted = None  # ← yours: bytes per rank after one AdamW step
+    ### BEGIN SOLUTION
+    predicted = 16 * phi / world_size
+    ### END SOLUTION
+
+The copy keeps each `### STUB:` line (the prefix removed, at the marker's indentation) in place of the block;
+a block with no stub gets nbgrader's `raise NotImplementedError(...)`. [Note: stubs the checks recognise] A
+stub either leaves a value None or a function that raises NotImplementedError, and every check in
+fsdp_lab.lessons.live.checks answers those with "not written yet"; a stub that raises in a `%%ranks` cell is
+shown by the live ranks as "not written yet: <its message>", without a traceback. The copy of an exercise cell
+loses its outputs (they came from the solution), and a "show the solution" cell follows it, which reads the
+solution from the instructor's notebook (fsdp_lab.lessons.widgets.solution), so the copy holds none of it.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+from typing import Optional
+
+BEGIN, END, STUB = "### BEGIN SOLUTION", "### END SOLUTION", "### STUB:"
+DEFAULT_STUB = 'raise NotImplementedError("write this part: the text above the cell says what")'
+INSTRUCTOR_NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
+
+
+class MarkerError(ValueError):
+    """Unbalanced or misplaced solution markers; the message names the cell and line."""
+
+
+def _text(source) -> str:
+    return "".join(source) if isinstance(source, list) else source
+
+
+def split_cell(source: str, where: str = "<cell>") -> tuple[str, list[str]]:
+    """(the learner's version of one cell's text, the solutions it held, in order); MarkerError on bad markers."""
+    lines = source.split("\n")
+    out, stubs, solutions, inside, body = [], [], [], None, []
+    for number, line in enumerate(lines, 1):
+        marker, indent = line.strip(), line[:len(line) - len(line.lstrip())]
+        if inside is not None:
+            if marker == BEGIN:
+                raise MarkerError(f"{where}:{number}: {BEGIN} inside the solution opened on line {inside}")
+            if marker == END:
+                solutions.append("\n".join(body))
+                inside, body = None, []
+            else:
+                body.append(line)
+            continue
+        if marker.startswith(STUB):
+            stubs.append(indent + marker[len(STUB):].strip())
+            continue
+        if marker == END:
+            raise MarkerError(f"{where}:{number}: {END} without a {BEGIN} before it")
+        if marker == BEGIN:
+            out += stubs or [indent + DEFAULT_STUB]
+            stubs, inside = [], number
+            continue
+        if stubs:
+            raise MarkerError(f"{where}:{number - 1}: {STUB} must come right before {BEGIN}")
+        out.append(line)
+    if inside is not None:
+        raise MarkerError(f"{where}:{inside}: {BEGIN} is never closed by {END}")
+    if stubs:
+        raise MarkerError(f"{where}: {STUB} at the end of the cell, with no solution after it")
+    student = "\n".join(out)
+    python = "\n".join(line for line in out if not line.startswith("%%"))  # %%ranks: a cell magic, not Python
+    try:
+        ast.parse(python, where)
+    except SyntaxError as err:
+        raise MarkerError(f"{where}: the learner's copy is not valid Python: {err}") from None
+    return student, solutions
+
+
+def exercise_cells(nb: dict) -> list[dict]:
+    """The code cells of a notebook (its JSON) that hold a marked solution."""
+    return [c for c in nb["cells"] if c["cell_type"] == "code" and BEGIN in _text(c["source"])]
+
+
+def solutions_of(nb: dict, name: str = "<notebook>") -> dict[str, list[str]]:
+    """{cell id: [solution, ...]} for every exercise cell of a notebook."""
+    return {c["id"]: split_cell(_text(c["source"]), f"{name} cell {c['id']}")[1] for c in exercise_cells(nb)}
+
+
+def _solution_cell(cell_id: str) -> dict:
+    source = ("from fsdp_lab.lessons.widgets import show_solution\n\n"
+              f"show_solution({cell_id!r})  # stuck? the button shows the solution of the cell above")
+    return {"cell_type": "code", "execution_count": None, "id": f"{cell_id}-solution",
+            "metadata": {"tags": ["solution-button"]}, "outputs": [], "source": source}
+
+
+def student_notebook(nb: dict, name: str = "<notebook>") -> dict:
+    """A copy of the notebook (its JSON) with every solution replaced by its stub and a solution button after it."""
+    nb = copy.deepcopy(nb)
+    cells = []
+    for cell in nb["cells"]:
+        cells.append(cell)
+        if cell["cell_type"] != "code" or BEGIN not in _text(cell["source"]):
+            continue
+        cell["source"], _ = split_cell(_text(cell["source"]), f"{name} cell {cell.get('id')}")
+        cell["outputs"], cell["execution_count"] = [], None
+        cells.append(_solution_cell(cell["id"]))
+    nb["cells"] = cells
+    return nb
+
+
+def _dump(nb: dict) -> str:
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"  # nbformat's own layout
+
+
+def write_student_copies(source_dir: Path = INSTRUCTOR_NOTEBOOKS, out_dir: Optional[Path] = None,
+                         overwrite: bool = False) -> list[Path]:
+    """Write the learner's copy of every notebook in source_dir into out_dir; return the files written.
+
+    A copy that already exists is the learner's work: it is kept unless overwrite is set."""
+    source_dir = Path(source_dir)
+    out_dir = Path(out_dir) if out_dir is not None else source_dir.parent / "my-notebooks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in sorted(source_dir.glob("*.ipynb")):
+        target = out_dir / path.name
+        if target.exists() and not overwrite:
+            continue
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        target.write_text(_dump(student_notebook(nb, path.name)), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def find_solution(cell_id: str, source_dir: Path = INSTRUCTOR_NOTEBOOKS) -> tuple[str, list[str]]:
+    """(the notebook's name, the solutions) of the exercise cell `cell_id`, read from the instructor's notebooks."""
+    source_dir = Path(source_dir)
+    paths = sorted(source_dir.glob("*.ipynb"))
+    if not paths:
+        raise FileNotFoundError(f"no instructor notebooks in {source_dir}: the solutions are read from a checkout "
+                                f"of fsdp-lab")
+    for path in paths:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        found = solutions_of(nb, path.name)
+        if cell_id in found:
+            return path.name, found[cell_id]
+    raise KeyError(f"no exercise cell {cell_id!r} in {source_dir} ({len(paths)} notebooks)")

@@ -1,0 +1,215 @@
+"""The learner's copies of the chapters (fsdp_lab.lessons.student_copy): every "Your turn" exercise cell of the
+repository's (solved) notebooks has its solution marked, the copy holds stubs and none of the solutions' text,
+the stubs run on live ranks and say "not written yet", the launcher opens the copies, and the "show the
+solution" button reads the solution from the solved notebook."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsdp_lab import cli
+from fsdp_lab.commands import lab
+from fsdp_lab.lessons import student_copy as sc
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+WITH_EXERCISES = [p for p in PATHS if not p.name.startswith("00-")]  # 00 shows the live ranks, asks nothing
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _text(cell) -> str:
+    return sc._text(cell["source"])
+
+
+def your_turn_cells(nb: dict) -> list:
+    """The cells of the "## Your turn" section, in order."""
+    out, inside = [], False
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown" and _text(cell).startswith("## "):
+            inside = "Your turn" in _text(cell)
+        if inside:
+            out.append(cell)
+    return out
+
+
+def _solution_lines(nb: dict) -> list:
+    """The solutions' lines worth looking for (not blank, not a lone bracket or comment)."""
+    return [line.strip() for blocks in sc.solutions_of(nb).values() for block in blocks
+            for line in block.splitlines() if len(line.strip()) > 8 and not line.strip().startswith("#")]
+
+
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.stem)
+def test_every_chapter_marks_its_exercises_in_your_turn(path):
+    nb = _load(path)
+    marked = sc.exercise_cells(nb)
+    assert marked, f"{path.name}: no cell of its Your turn section has a ### BEGIN SOLUTION block"
+    ids = {c["id"] for c in your_turn_cells(nb)}
+    assert all(c["id"] in ids for c in marked), f"{path.name}: a marked cell outside Your turn"
+    for cell in your_turn_cells(nb):  # an "← yours" left in a cell means a solution nobody marked
+        if cell["cell_type"] == "code" and "← yours" in _text(cell):
+            assert cell in marked and all("← yours" not in b for b in sc.solutions_of(nb)[cell["id"]]), \
+                f"{path.name} cell {cell['id']}: '← yours' outside a ### STUB line"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_the_copy_has_stubs_and_no_solution_and_every_other_cell_as_it_was(path):
+    nb = _load(path)
+    copy = sc.student_notebook(nb, path.name)
+    text = "\n".join(_text(c) for c in copy["cells"] if c["cell_type"] == "code")
+    assert sc.BEGIN not in text and sc.END not in text and sc.STUB not in text
+    for line in _solution_lines(nb):  # code only: the legacy notes show the FSDP1 and FSDP2 lines side by side
+        assert line not in text, f"{path.name}: the copy still holds the solution line {line!r}"
+    marked = {c["id"] for c in sc.exercise_cells(nb)}
+    by_id = {c["id"]: c for c in copy["cells"]}
+    for cell in nb["cells"]:
+        got = by_id[cell["id"]]
+        if cell["id"] not in marked:
+            assert got == cell, f"{path.name}: cell {cell['id']} changed in the copy"
+            continue
+        assert got["outputs"] == [] and got["execution_count"] is None
+        assert "raise NotImplementedError(" in _text(got) or re.search(r"= None  # ← your", _text(got)), _text(got)
+        after = copy["cells"][copy["cells"].index(got) + 1]
+        assert f"show_solution({cell['id']!r})" in _text(after) and after["id"] == f"{cell['id']}-solution"
+    assert [c["id"] for c in copy["cells"] if not c["id"].endswith("-solution")] == [c["id"] for c in nb["cells"]]
+    nbformat = pytest.importorskip("nbformat")
+    nbformat.validate(nbformat.from_dict(copy))  # JupyterLab opens it
+
+
+def test_make_student_copies_writes_every_chapter_without_its_solutions(tmp_path):
+    sys.path.insert(0, str(NOTEBOOKS.parent / "course"))
+    try:
+        import make_student_copies as msc
+    finally:
+        sys.path.remove(str(NOTEBOOKS.parent / "course"))
+    assert msc.main(["--out", str(tmp_path / "s")]) == 0
+    for path in PATHS:
+        written = (tmp_path / "s" / "notebooks" / path.name).read_text(encoding="utf-8")
+        assert json.loads(written) == sc.student_notebook(_load(path), path.name)
+
+
+CELL = """%%ranks
+x = 1
+### STUB: y = None  # ← yours
+### BEGIN SOLUTION
+y = 2 * x
+### END SOLUTION
+def f():
+    ### BEGIN SOLUTION
+    return 3
+    ### END SOLUTION
+print(y)"""
+
+
+def test_a_cell_keeps_its_stub_or_gets_raise_not_implemented_at_the_markers_indentation():
+    student, solutions = sc.split_cell(CELL)
+    assert solutions == ["y = 2 * x", "    return 3"]
+    assert student.splitlines() == ["%%ranks", "x = 1", "y = None  # ← yours", "def f():",
+                                    f"    {sc.DEFAULT_STUB}", "print(y)"]
+
+
+@pytest.mark.parametrize("text,problem", [
+    ("### BEGIN SOLUTION\nx = 1", "is never closed"),
+    ("x = 1\n### END SOLUTION", "without a ### BEGIN SOLUTION"),
+    ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "inside the solution"),
+    ("### STUB: x = None\nx = 1", "must come right before"),
+    ("if True:\n### BEGIN SOLUTION\n    x = 1\n### END SOLUTION", "not valid Python"),
+])
+def test_bad_markers_are_refused_with_the_line(text, problem):
+    with pytest.raises(sc.MarkerError, match=re.escape(problem)):
+        sc.split_cell(text, "cell")
+
+
+# -- the launcher opens the copies --------------------------------------------------------------------------------
+def _dry_run(capsys, *argv):
+    assert cli.main(["lab", "--dry-run", *argv]) == 0
+    return shlex.split(capsys.readouterr().out.strip())
+
+
+def test_lab_opens_the_learners_copies_and_solved_opens_the_solved_ones(capsys):
+    argv = _dry_run(capsys)
+    assert f"--notebook-dir={NOTEBOOKS.parent / lab.LEARNER_DIR}" in argv
+    assert f"--notebook-dir={NOTEBOOKS}" in _dry_run(capsys, "--solved")
+
+
+def test_learner_copies_are_written_once_and_the_learners_work_is_kept(tmp_path):
+    solved = tmp_path / "notebooks"
+    solved.mkdir()
+    for path in PATHS[:3]:
+        shutil.copy(path, solved / path.name)
+    folder, written = lab.learner_copies(solved)
+    assert folder == tmp_path / lab.LEARNER_DIR and sorted(p.name for p in written) == [p.name for p in PATHS[:3]]
+    mine = folder / PATHS[1].name
+    mine.write_text("my work", encoding="utf-8")
+    (folder / PATHS[2].name).unlink()
+    _, written = lab.learner_copies(solved)
+    assert [p.name for p in written] == [PATHS[2].name] and mine.read_text(encoding="utf-8") == "my work"
+
+
+# -- the solution button ------------------------------------------------------------------------------------------
+def test_the_button_shows_one_exercises_solution_read_from_the_solved_notebook(tmp_path):
+    pytest.importorskip("ipywidgets")
+    from fsdp_lab.lessons.widgets import show_solution
+
+    nb = _load(NOTEBOOKS / "06a-fsdp2.ipynb")
+    (cell_id, blocks), *others = sc.solutions_of(nb).items()
+    button = show_solution(cell_id)
+    assert not button.shown and blocks[0].strip().splitlines()[0] not in repr(button.get_state())
+    button.button.click()
+    assert button.shown and all(line.split("#")[0].strip().replace('"', "&quot;") in button.body.value
+                                for line in blocks[0].splitlines() if line.strip())
+    other = sc.solutions_of(nb)[others[0][0]][0].strip().splitlines()[0]
+    assert other.split("#")[0].strip() not in button.body.value  # one exercise at a time
+    button.button.click()
+    assert not button.shown
+
+    moved = tmp_path / "nowhere"
+    moved.mkdir()
+    lost = show_solution(cell_id, source_dir=moved)
+    lost.toggle()
+    assert "cannot be read" in lost.body.value and "no instructor notebooks" in lost.body.value
+
+
+# -- the stubs on live ranks: each exercise cell says "not written yet" ---------------------------------------------
+@pytest.fixture(scope="module")
+def ranks():
+    pytest.importorskip("ipyparallel")
+    from fsdp_lab.lessons.live import Ranks
+
+    handle = Ranks(2, timeout_s=120, start_timeout_s=150)
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.stem)
+def test_each_stub_run_on_live_ranks_says_not_written_yet(ranks, path):
+    """The Your turn section's %%ranks cells in order, as the learner's copy has them; after each stubbed cell
+    its solution runs, so the next exercise starts from the state it expects."""
+    nb = _load(path)
+    copy = {c["id"]: c for c in sc.student_notebook(nb, path.name)["cells"]}
+    marked = {c["id"] for c in sc.exercise_cells(nb)}
+    seen = 0
+    for cell in your_turn_cells(nb):
+        source = _text(cell)
+        if cell["cell_type"] != "code" or not source.startswith("%%ranks"):
+            continue  # the kernel's own cells: starting and stopping the ranks, the charts
+        if cell["id"] in marked:
+            run = ranks.run(_text(copy[cell["id"]]).split("\n", 1)[1])
+            said = run.render() + "\n" + run.failures()
+            assert "not written yet" in said, f"{path.name} cell {cell['id']}, the stub gave:\n{said}"
+            assert "Traceback" not in said and "line " not in run.failures(), said
+            seen += 1
+        run = ranks.run(source.split("\n", 1)[1])
+        assert run.ok, f"{path.name} cell {cell['id']}: {run.failures()}"
+    assert seen == len(marked)
