@@ -512,7 +512,7 @@ def _seam_missing(sharded_linear) -> dict:
     plain = nn.Linear(3, 5)
     flat = FlatParam("u", [(plain.weight, [(plain, "weight", "weight")])], 1, 0, requires_grad=True,
                      compute_dtype=torch.float32, keep_replica=False, shard_storage=True)
-    flat.grad_stash = flat.replica_grad = None  # what the Unit sets
+    flat.grad_stash = flat.partial_reduce = flat.replica_grad = None  # what the Unit sets
     group = sharded_linear._fsdp_lab_state.unit.flats[0]
     names = set(ShardLayout.__annotations__) | {n for n in vars(ShardLayout) if not n.startswith("_")}
     return {type(layout).__name__: sorted(n for n in names if not hasattr(layout, n)) for layout in (flat, group)}
