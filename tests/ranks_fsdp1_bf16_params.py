@@ -9,6 +9,7 @@ from ranks_offload import LM, loss_of
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 
 STEPS = 4
+CLIP = 0.5  # below the first steps' norms: the clipping scales the gradients
 
 
 def _bf16_model() -> LM:
@@ -39,16 +40,19 @@ def wrap(lib: str, front: str, world_size: int):
 def run(rank, world_size, lib: str, front: str) -> dict:
     model = wrap(lib, front, world_size)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, grad_dtypes = [], set()
+    losses, grad_dtypes, norms = [], set(), []
     for step in range(STEPS):
         loss = loss_of(model, *batch(step, rank, world_size))
         loss.backward()
         grad_dtypes |= {str(p.grad.dtype) for p in model.parameters() if p.grad is not None}
+        if front == "fsdp1":  # the norm is taken in fp32 and returned in the gradients' dtype, as torch does
+            norm = model.clip_grad_norm_(CLIP)
+            norms.append((str(norm.dtype), norm.float().item()))
         opt.step()
         opt.zero_grad()
         losses.append(mean_over_ranks(loss, world_size))
     state_dtypes = {str(v.dtype) for s in opt.state.values() for k, v in s.items() if k != "step"}
-    out = {"losses": losses, "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
+    out = {"losses": losses, "norms": norms, "param_dtypes": sorted({str(p.dtype) for p in model.parameters()}),
            "grad_dtypes": sorted(grad_dtypes), "state_dtypes": sorted(state_dtypes)}
     if front == "fsdp2":
         out["params"] = full_params(model)

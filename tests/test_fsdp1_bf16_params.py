@@ -5,7 +5,8 @@ do (bf16 shards, gradients, reduce-scatter and AdamW state), on 2 gloo ranks (te
 [Note: the bf16 tolerance] Exact. Both runs do the same bf16 operations in the same order on the same values: the
 same views of the same flat (or per-parameter) buffers, the same gloo reduce-scatter (a sum of two bf16 values,
 rounded once, then a division by a power of two, which is exact), and AdamW's elementwise update on identical
-bf16 tensors. Any difference would be a different rounding somewhere, i.e. a different computation, which is what
+bf16 tensors. FSDP1's clip_grad_norm_ takes each norm in fp32 and returns the total in bf16, as torch's does. Any
+difference would be a different rounding somewhere, i.e. a different computation, which is what
 the test exists to catch; bf16 noise (about 2**-8 relative) would hide it.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ def test_bf16_parameters_train_as_torch_trains_them(front):
         assert got.get(key) == ref.get(key), (key, got.get(key), ref.get(key))
     assert got["param_dtypes"] == got["grad_dtypes"] == got["state_dtypes"] == ["torch.bfloat16"]
     assert got["losses"] == ref["losses"], (got["losses"], ref["losses"])  # [Note: the bf16 tolerance]
+    assert got["norms"] == ref["norms"], (got["norms"], ref["norms"])  # FSDP1's clip_grad_norm_: (dtype, value)
     assert sorted(got["params"]) == sorted(ref["params"])
     diff = {k: (got["params"][k] - ref["params"][k]).abs().max().item() for k in ref["params"]}
     assert max(diff.values()) == 0.0, diff

@@ -7,6 +7,8 @@ back), and the zero for "no gradients" is made on the device, not copied from a 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
@@ -15,10 +17,12 @@ from fsdp_lab.runtime.core.strategy import ShardingStrategy
 
 
 def _local_norm_term(grads: list, norm_type: float, device: torch.device) -> torch.Tensor:
-    """max |g| (inf-norm) or sum ‖g‖^p over this rank's gradients, as a 0-dim float32 tensor on `device`."""
+    """max |g| (inf-norm) or sum ‖g‖^p over this rank's gradients, as a 0-dim float32 tensor on `device`. Each
+    norm is taken in float32 whatever the gradient's dtype (a bf16 model's bf16 gradients), as torch does: the
+    terms are summed across ranks next, where a bf16 partial sum would lose most of its bits."""
     if not grads:
         return torch.zeros((), dtype=torch.float32, device=device)
-    norms = torch.stack([n.float() for n in torch._foreach_norm(grads, norm_type)])
+    norms = torch.stack(torch._foreach_norm(grads, norm_type, dtype=torch.float32))
     return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
 
 
@@ -50,4 +54,6 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
         by_kind.setdefault((g.dtype, g.device), []).append(g)
     for (dtype, device), group in by_kind.items():
         torch._foreach_mul_(group, coef.to(device, dtype))
+    if grads:  # the widest gradient dtype (bf16 for a bf16 model), as torch returns it; none: float32
+        return total.to(functools.reduce(torch.promote_types, (g.dtype for g in grads)))
     return total
