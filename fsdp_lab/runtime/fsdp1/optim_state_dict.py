@@ -16,7 +16,9 @@ FullOptimStateDictConfig(offload_to_cpu=False); rank0_only: an empty dict on the
 part). Under SHARDED_STATE_DICT each full tensor becomes this rank's dim-0 DTensor piece, the layout the model's
 SHARDED_STATE_DICT gives, so torch.distributed.checkpoint saves it and loads it on any world size. Loading
 inverts the cut: each parameter's full tensor is laid into a padded flat buffer and this rank keeps its chunk.
-Neither form depends on the world size, so a run saved on 2 ranks continues on 4. One flat buffer at a time is
+Neither form depends on the world size, so a run saved on 2 ranks continues on 4. Loading also takes the
+ShardedTensors torch's load_sharded_optimizer_state_dict reads a DCP checkpoint into, the way torch's FSDP1
+documentation resumes ([Note: reading a checkpoint into ShardedTensors]). One flat buffer at a time is
 gathered, never the whole state. Tied parameters appear once, under their first name, as in torch.
 """
 from __future__ import annotations
