@@ -17,7 +17,7 @@ def _bf16_model() -> LM:
     return LM().to(torch.bfloat16)
 
 
-def wrap(lib: str, front: str, world_size: int):
+def wrap(lib: str, front: str, world_size: int, options: dict | None = None):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     model = _bf16_model()
@@ -32,13 +32,15 @@ def wrap(lib: str, front: str, world_size: int):
         return model
     if lib == "torch":
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+        return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"),
+                    **(options or {}))
     from fsdp_lab import FSDP
-    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}))
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({Block}), **(options or {}))
 
 
-def run(rank, world_size, lib: str, front: str) -> dict:
-    model = wrap(lib, front, world_size)
+def run(rank, world_size, lib: str, front: str, options: dict | None = None) -> dict:
+    """`options`: FSDP1 constructor options (sharding_strategy, use_orig_params)."""
+    model = wrap(lib, front, world_size, options)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, grad_dtypes, norms = [], set(), []
     for step in range(STEPS):

@@ -5,7 +5,8 @@ do (bf16 shards, gradients, reduce-scatter and AdamW state), on 2 gloo ranks (te
 [Note: the bf16 tolerance] Exact. Both runs do the same bf16 operations in the same order on the same values: the
 same views of the same flat (or per-parameter) buffers, the same gloo reduce-scatter (a sum of two bf16 values,
 rounded once, then a division by a power of two, which is exact), and AdamW's elementwise update on identical
-bf16 tensors. FSDP1's clip_grad_norm_ takes each norm in fp32 and returns the total in bf16, as torch's does. Any
+bf16 tensors. FSDP1's clip_grad_norm_ takes each norm in fp32 and returns the total in bf16, as torch's does (under NO_SHARD
+both hand it to nn.utils.clip_grad_norm_, whose norms are bf16). Any
 difference would be a different rounding somewhere, i.e. a different computation, which is what
 the test exists to catch; bf16 noise (about 2**-8 relative) would hide it.
 """
@@ -15,18 +16,25 @@ import functools
 
 import pytest
 from ranks_fsdp1_bf16_params import mixed_dtypes, run
+from torch.distributed.fsdp import ShardingStrategy
 
 from fsdp_lab.training.launch import run_on_ranks
 
 
+CASES = {"fsdp1": ("fsdp1", {}), "fsdp1 use_orig_params": ("fsdp1", {"use_orig_params": True}),
+         "fsdp1 NO_SHARD": ("fsdp1", {"sharding_strategy": ShardingStrategy.NO_SHARD}),
+         "fsdp2": ("fsdp2", {})}
+
+
 @functools.cache
-def results(lib: str, front: str) -> dict:
-    return run_on_ranks(run, 2, lib, front, timeout_s=300)[0]
+def results(lib: str, case: str) -> dict:
+    front, options = CASES[case]
+    return run_on_ranks(run, 2, lib, front, options, timeout_s=300)[0]
 
 
-@pytest.mark.parametrize("front", ["fsdp1", "fsdp2"])
-def test_bf16_parameters_train_as_torch_trains_them(front):
-    ref, got = results("torch", front), results("fsdp_lab", front)
+@pytest.mark.parametrize("case", list(CASES))
+def test_bf16_parameters_train_as_torch_trains_them(case):
+    ref, got = results("torch", case), results("fsdp_lab", case)
     for key in ("param_dtypes", "grad_dtypes", "state_dtypes", "state_dtypes_saved"):
         assert got.get(key) == ref.get(key), (key, got.get(key), ref.get(key))
     assert got["param_dtypes"] == got["grad_dtypes"] == got["state_dtypes"] == ["torch.bfloat16"]
