@@ -179,11 +179,14 @@ def mixed_precision(model, param_dtype=torch.bfloat16, reduce_dtype=torch.float3
     masters = {flat.shard.dtype for unit in model.units for flat in unit.flats}
     if ctx.mixed_precision is None:
         return Verdict(False, "no mixed_precision was passed: the all-gather carries float32, 4 B per element")
-    if ctx.compute_dtype != param_dtype:
-        return Verdict(False, f"the gathered parameters are {ctx.compute_dtype}, not {param_dtype}: set "
-                              f"MixedPrecision(param_dtype={param_dtype})")
-    if ctx.reduce_dtype != reduce_dtype:
-        return Verdict(False, f"gradients are reduced in {ctx.reduce_dtype}, not {reduce_dtype}: set "
+    gathered = {flat.compute_dtype for unit in model.units for flat in unit.flats}
+    reduced = {flat.reduce_dtype for unit in model.units for flat in unit.flats}
+    if gathered != {param_dtype}:
+        return Verdict(False, f"the gathered parameters are {', '.join(sorted(map(str, gathered)))}, not "
+                              f"{param_dtype}: set MixedPrecision(param_dtype={param_dtype})")
+    if reduced != {reduce_dtype}:
+        return Verdict(False, f"gradients are reduced in {', '.join(sorted(map(str, reduced)))}, not "
+                              f"{reduce_dtype}: set "
                               f"reduce_dtype={reduce_dtype}")
     if masters != {torch.float32}:
         return Verdict(False, f"the shards (the master weights) are {sorted(map(str, masters))}: keep them in "

@@ -1,8 +1,9 @@
 """The mixed-precision policy (same name and fields as torch's FSDP1 MixedPrecision).
 
-The fp32 shard is always the master copy the optimizer updates. `param_dtype` is what the all-gather carries and
+The shard is always the master copy the optimizer updates, in the dtype the parameters were wrapped in (fp32
+in the course; a model loaded in bf16 keeps bf16 masters, as in torch). `param_dtype` is what the all-gather carries and
 what compute sees; the shard is cast *before* the collective, so a bf16 policy halves the bytes on the wire.
-`reduce_dtype` is what the gradient reduce-scatter carries; the result is stored in fp32 on the shard.
+`reduce_dtype` is what the gradient reduce-scatter carries; the result is stored in the master's dtype.
 """
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ class MixedPrecision:
 FULL_PRECISION = MixedPrecision()
 
 
-def compute_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(policy: Optional[MixedPrecision], master_dtype: Optional[torch.dtype]) -> Optional[torch.dtype]:
+    """What the gather carries: param_dtype, else the master's (None: each flat buffer's own dtype)."""
     return (policy.param_dtype if policy and policy.param_dtype else master_dtype)
 
 
-def reduce_dtype(policy: Optional[MixedPrecision], master_dtype: torch.dtype) -> torch.dtype:
+def reduce_dtype(policy: Optional[MixedPrecision], master_dtype: Optional[torch.dtype]) -> Optional[torch.dtype]:
     if policy and policy.reduce_dtype:
         return policy.reduce_dtype
     return compute_dtype(policy, master_dtype)

@@ -28,8 +28,8 @@ class FSDPState:
     rank: int
     strategy: ShardingStrategy
     mixed_precision: Optional[MixedPrecision]
-    compute_dtype: torch.dtype
-    reduce_dtype: torch.dtype
+    compute_dtype: Optional[torch.dtype]  # None: each flat buffer's own master dtype (no MixedPrecision field)
+    reduce_dtype: Optional[torch.dtype]
     device: torch.device
     forward_prefetch: bool = False
     backward_prefetch: Optional[BackwardPrefetch] = None

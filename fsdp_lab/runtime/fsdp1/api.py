@@ -29,7 +29,7 @@ from fsdp_lab.runtime.features.ignored import resolve_ignored
 from fsdp_lab.runtime.features.offload import fsdp1_placement
 from fsdp_lab.runtime.fsdp1 import optim_state_dict as optim_state
 from fsdp_lab.runtime.fsdp1.device import check_param_init_fn, check_process_group, resolve_device
-from fsdp_lab.runtime.fsdp1.flat_param import FlatParam
+from fsdp_lab.runtime.fsdp1.flat_param import FlatParam, check_flat_dtypes
 from fsdp_lab.runtime.fsdp1.grad_norm import clip_grad_norm_
 from fsdp_lab.runtime.fsdp1.nesting import take_over_nested
 from fsdp_lab.runtime.fsdp1.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
@@ -87,12 +87,9 @@ class FSDP(nn.Module):
         if self._placement.offloaded and strategy is ShardingStrategy.ZERO1:
             raise ValueError("FSDP options cpu_offload=CPUOffload(offload_params=True) and sharding_strategy=ZERO1 "
                              "cannot be combined: ZeRO-1 keeps a replica on the device, which offload would not free")
-        masters = {p.dtype for p in module.parameters() if id(p) not in ignored.params}
-        if masters - {torch.float32}:
-            raise ValueError(f"fsdp_lab keeps fp32 master weights; module has parameters of dtype "
-                             f"{sorted(map(str, masters))}. Keep the module in fp32 and use MixedPrecision")
         unit_params = partition_params(module, select_units(module, auto_wrap_policy, nested_units, ignored),
                                        ignored)
+        check_flat_dtypes(unit_params)  # [Note: the master is the parameters' own dtype] in flat_param.py
         check_same_model([(u.name, [(aliases[0][2], tuple(p.shape), p.requires_grad)
                                     for p, aliases in u.trainable + u.frozen]) for u in unit_params],
                          pg, dist.get_rank(pg), dist.get_world_size(pg), device)
@@ -113,8 +110,8 @@ class FSDP(nn.Module):
         self._state_dict_settings = DEFAULT_SETTINGS
         self._ctx = FSDPState(
             pg=pg, world_size=dist.get_world_size(pg), rank=dist.get_rank(pg), strategy=strategy,
-            mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, torch.float32),
-            reduce_dtype=reduce_dtype(mixed_precision, torch.float32), device=device,
+            mixed_precision=mixed_precision, compute_dtype=compute_dtype(mixed_precision, None),
+            reduce_dtype=reduce_dtype(mixed_precision, None), device=device,
             forward_prefetch=forward_prefetch, backward_prefetch=prefetch,
             limit_all_gathers=bool(limit_all_gathers),
             on_backward_start=self._on_backward_start, **hybrid_state(groups))

@@ -16,6 +16,12 @@ buffer is held in (the fp32 master and the compute dtype: 4 elements in fp32, 8 
 A view at an unaligned address pushes cuBLAS and vectorised kernels onto slower paths. The gaps are zeros, like
 the end padding: their gradient is zero, so they stay zero. `numel` counts them (it is where the last parameter
 ends), so the byte accounting (fsdp_lab/runtime/core/memory.py, fsdp_lab/theory/formulas.py) includes them.
+
+[Note: the master is the parameters' own dtype] The shard keeps the dtype the parameters had when they were
+wrapped: a model loaded in bf16 trains in bf16 (bf16 shard, gradients and reduce-scatter, bf16 optimizer state),
+as torch FSDP1 does. Without a MixedPrecision field, the gather and the reduce carry that dtype too. The one
+constraint is torch's: one flat buffer holds one dtype, so the parameters of a unit (of one requires_grad kind)
+must share theirs; different units may differ.
 """
 from __future__ import annotations
 
@@ -52,6 +58,25 @@ def align_elements(*dtypes: torch.dtype) -> int:
     return ALIGN_BYTES // min(torch.empty(0, dtype=d).element_size() for d in dtypes)
 
 
+def check_flat_dtypes(unit_params) -> None:
+    """One dtype per flat buffer ([Note: the master is the parameters' own dtype]); a mix is refused, naming the
+    unit and its parameters' dtypes, as torch's FSDP1 refuses it."""
+    for info in unit_params:
+        for params in (info.trainable, info.frozen):
+            dtypes = {}
+            for param, aliases in params:
+                dtypes.setdefault(param.dtype, aliases[0][2])
+            if len(dtypes) > 1:
+                seen = ", ".join(f"{dtype} ('{name}')" for dtype, name in dtypes.items())
+                raise ValueError(f"FSDP unit '{info.name or '<root>'}': one flat parameter needs one dtype, got "
+                                 f"{seen}. Must flatten tensors with uniform dtype: cast the module to one dtype "
+                                 f"(a MixedPrecision policy casts what is gathered, not the parameters)")
+            bad = [d for d in dtypes if not d.is_floating_point]
+            if bad:
+                raise ValueError(f"FSDP unit '{info.name or '<root>'}': parameter '{dtypes[bad[0]]}' has dtype "
+                                 f"{bad[0]}, which is not floating")
+
+
 def padded_size(numel: int, world_size: int) -> int:
     return math.ceil(numel / world_size) * world_size if numel else world_size
 
@@ -60,20 +85,20 @@ class FlatParam(UnshardedViews):
     """The flat buffer of one unit's trainable (or one unit's frozen) parameters."""
 
     def __init__(self, unit_name: str, entries: list, world_size: int, rank: int, *, requires_grad: bool,
-                 compute_dtype: torch.dtype, keep_replica: bool, shard_storage: bool,
+                 compute_dtype: torch.dtype | None, keep_replica: bool, shard_storage: bool,
                  reduce_dtype: torch.dtype | None = None, device: torch.device | None = None,
                  placement: Placement | None = None):
         self.unit_name = unit_name
         self.requires_grad = requires_grad
         self.world_size, self.rank = world_size, rank
-        self.compute_dtype = compute_dtype
-        self.reduce_dtype = reduce_dtype or compute_dtype
         originals = [param for param, _aliases in entries]
+        self.master_dtype = originals[0].dtype  # [Note: the master is the parameters' own dtype]
+        self.compute_dtype = compute_dtype = compute_dtype or self.master_dtype  # None: no MixedPrecision field
+        self.reduce_dtype = reduce_dtype or compute_dtype
         device = device if device is not None else originals[0].device
         # [Note: host and device] in fsdp_lab/runtime/features/offload.py: where the shard lives and where it computes
         self.placement = placement or Placement(Home.DEVICE, device)
         self.compute_device = self.placement.compute_device
-        self.master_dtype = originals[0].dtype
         align = align_elements(self.master_dtype, compute_dtype)
         offset, slots = 0, []
         for param, aliases in entries:

@@ -16,7 +16,9 @@ FullOptimStateDictConfig(offload_to_cpu=False); rank0_only: an empty dict on the
 part). Under SHARDED_STATE_DICT each full tensor becomes this rank's dim-0 DTensor piece, the layout the model's
 SHARDED_STATE_DICT gives, so torch.distributed.checkpoint saves it and loads it on any world size. Loading
 inverts the cut: each parameter's full tensor is laid into a padded flat buffer and this rank keeps its chunk.
-Neither form depends on the world size, so a run saved on 2 ranks continues on 4. One flat buffer at a time is
+Neither form depends on the world size, so a run saved on 2 ranks continues on 4. Loading also takes the
+ShardedTensors torch's load_sharded_optimizer_state_dict reads a DCP checkpoint into, the way torch's FSDP1
+documentation resumes ([Note: reading a checkpoint into ShardedTensors]). One flat buffer at a time is
 gathered, never the whole state. Tied parameters appear once, under their first name, as in torch.
 """
 from __future__ import annotations
@@ -144,8 +146,6 @@ def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer:
     """Collective: turn a dict from FSDP.optim_state_dict (full or sharded, any world size) into what
     `optim.load_state_dict` takes on this rank; load_directly=True loads it too ([Note: optimizer state by original
     name])."""
-    from torch.distributed.tensor import DTensor
-
     _check_group(model, group)
     if is_named_optimizer:
         raise ValueError("FSDP.optim_state_dict_to_load option is_named_optimizer=True (torchrec's KeyedOptimizer) "
@@ -168,7 +168,7 @@ def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer:
         raise ValueError(f"optim_state_dict has state for {len(unknown)} parameter(s) this optimizer does not hold: "
                          f"{unknown[:3]}")
     saved = {by_alias[q]: v for q, v in saved.items()}
-    full_values = {name: {k: (v.full_tensor() if isinstance(v, DTensor) else v) for k, v in entry.items()}
+    full_values = {name: {k: _whole(v, ctx.device) for k, v in sorted(entry.items())}
                    for name, entry in sorted(saved.items())}  # the same order on every rank: collectives
     state = {}
     for i, param in enumerate(params):
@@ -203,6 +203,67 @@ def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer:
     if load_directly:
         optim.load_state_dict(result)
     return result
+
+
+def _whole(value, device: torch.device):
+    """The full tensor of a saved state value, gathered if it is distributed: a DTensor (the sharded dict this
+    module gives) or a ShardedTensor (what torch's load_sharded_optimizer_state_dict reads a checkpoint into,
+    chunked over the whole world whatever the model's layout: [Note: reading a checkpoint into ShardedTensors])."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.full_tensor()
+    if isinstance(value, ShardedTensor):
+        return _gather_sharded_tensor(value, device)
+    return value
+
+
+# [Note: reading a checkpoint into ShardedTensors] torch's load_sharded_optimizer_state_dict does not ask the
+# model how it lays its optimizer state out: it allocates each saved tensor as a ShardedTensor cut on dim 0 into
+# one chunk per rank of its process group (the default group), and DCP fills it. Which rows a rank holds there has
+# nothing to do with the flat shard it keeps, so each value is first made whole: every rank sends its local shards
+# (flattened, end to end, padded to the largest rank's count), one all-gather moves them, and each shard is put
+# back at its offsets from the ShardedTensor's global metadata. One tensor at a time, so the peak is one full
+# state tensor beside the flat state being built, as for the DTensor path.
+def _gather_sharded_tensor(value, device: torch.device) -> torch.Tensor:
+    meta = value.metadata()
+    pg = value._process_group
+    world = dist.get_world_size(pg)
+    dtype = meta.tensor_properties.dtype
+    by_rank = [[m for m in meta.shards_metadata if m.placement.rank() == r] for r in range(world)]
+    counts = [sum(_numel(m.shard_sizes) for m in shards) for shards in by_rank]
+    width = max(counts + [1])
+    mine = torch.zeros(width, dtype=dtype, device=device)
+    local = sorted(value.local_shards(), key=lambda s: tuple(s.metadata.shard_offsets))
+    expected = sorted(by_rank[dist.get_rank(pg)], key=lambda m: tuple(m.shard_offsets))
+    if [tuple(s.metadata.shard_offsets) for s in local] != [tuple(m.shard_offsets) for m in expected]:
+        raise ValueError(f"ShardedTensor of size {tuple(meta.size)}: this rank's local shards (offsets "
+                         f"{[tuple(s.metadata.shard_offsets) for s in local]}) are not the ones its metadata "
+                         f"places here ({[tuple(m.shard_offsets) for m in expected]})")
+    at = 0
+    for shard in local:
+        n = shard.tensor.numel()
+        mine[at:at + n].copy_(shard.tensor.reshape(-1))
+        at += n
+    everyone = torch.empty(world * width, dtype=dtype, device=device)
+    dist.all_gather_into_tensor(everyone, mine, group=pg)
+    full = torch.empty(tuple(meta.size), dtype=dtype, device=device)
+    for r, shards in enumerate(by_rank):
+        at = r * width
+        for m in sorted(shards, key=lambda m: tuple(m.shard_offsets)):
+            n = _numel(m.shard_sizes)
+            where = tuple(slice(o, o + size) for o, size in zip(m.shard_offsets, m.shard_sizes))
+            full[where].copy_(everyone[at:at + n].view(tuple(m.shard_sizes)))
+            at += n
+    return full
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for size in sizes:
+        n *= size
+    return n
 
 
 def _per_param(value, slot) -> bool:

@@ -9,8 +9,8 @@ Scripts written for torch FSDP1 save a model as
         torch.save(state, "model.pt")       # loads into the unwrapped module
 
 and that works here unchanged (torch's own StateDictType and FullStateDictConfig are accepted too). The state dict
-is gathered one unit at a time ([Note: one unit at a time] below), but the result is the whole fp32 model on each
-rank that keeps it.
+is gathered one unit at a time ([Note: one unit at a time] below), but the result is the whole model (in its parameters'
+own dtype) on each rank that keeps it.
 
 [Note: SHARDED_STATE_DICT] Under StateDictType.SHARDED_STATE_DICT each parameter comes out under its original name
 as a DTensor sharded on dim 0 over the model's process group (rank r holds torch.chunk's piece r), the layout
