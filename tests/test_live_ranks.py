@@ -281,6 +281,17 @@ def test_bad_arguments_are_refused_by_name():
         Ranks(2, timeout_s=0)
 
 
+def test_more_live_ranks_than_cores_are_refused_unless_allowed(monkeypatch):
+    from fsdp_lab.lessons.live import ranks as live_ranks
+
+    monkeypatch.setattr(live_ranks, "usable_cores", lambda: 2)
+    with pytest.raises(ValueError, match=r"3 live ranks are 3 engine processes but this machine has 2 CPU core\(s\); "
+                                         r"start at most 2, or pass allow_oversubscribe=True"):
+        Ranks(3)
+    assert Ranks(2).n == 2  # nothing starts until start()
+    assert Ranks(3, allow_oversubscribe=True).n == 3
+
+
 def test_the_stack_reader_keeps_the_learners_frames_only():
     dump = ('Thread 0x01 (most recent call first):\n  File "/x/threading.py", line 1 in wait\n\n'
             'Current thread 0x02 (most recent call first):\n'

@@ -7,16 +7,9 @@ refuses more ranks than the cores this process may run on (its CPU affinity, whi
 many ranks on a small machine)."""
 from __future__ import annotations
 
-import os
+from fsdp_lab.training.launch import usable_cores
 
 FLAG = "--allow-oversubscribe"
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def add_oversubscribe_flag(p) -> None:

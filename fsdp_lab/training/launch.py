@@ -54,6 +54,14 @@ def die_with_parent(launcher_pid: int | None = None, sig: int = signal.SIGKILL) 
     return armed
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one): what a count of rank
+    processes is checked against ([Note: no more ranks than cores] in fsdp_lab/commands/_ranks.py)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

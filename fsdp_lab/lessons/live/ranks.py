@@ -40,7 +40,7 @@ from fsdp_lab.lessons.live import engine, lifeline
 from fsdp_lab.lessons.live.outcome import (CellRun, RankOutput, RanksFailed, RankStatus, plain,
                                            stack_of_current_thread)
 from fsdp_lab.lessons.live.processes import KnownProcesses, kill, running, signal_pid, with_descendants
-from fsdp_lab.training.launch import free_port
+from fsdp_lab.training.launch import free_port, usable_cores
 
 _POLL_S = 0.05
 _TRACEBACK_LINES = 12
@@ -61,9 +61,13 @@ def _tail(text: str, n: int) -> str:
 
 class Ranks:
     def __init__(self, n: int = 2, *, timeout_s: float = 60.0, start_timeout_s: float = 120.0,
-                 group_timeout_s: float = 60.0, threads_per_rank: int = 1):
+                 group_timeout_s: float = 60.0, threads_per_rank: int = 1, allow_oversubscribe: bool = False):
         if n < 1:
             raise ValueError(f"the number of ranks must be >= 1, got {n}")
+        cores = usable_cores()  # [Note: no more ranks than cores] in fsdp_lab/commands/_ranks.py
+        if n > cores and not allow_oversubscribe:
+            raise ValueError(f"{n} live ranks are {n} engine processes but this machine has {cores} CPU core(s); "
+                             f"start at most {cores}, or pass allow_oversubscribe=True")
         if not all(math.isfinite(t) and t > 0 for t in (timeout_s, start_timeout_s, group_timeout_s)):
             raise ValueError(f"timeouts must be finite and positive: timeout_s={timeout_s}, start_timeout_s={start_timeout_s},"
                              f" group_timeout_s={group_timeout_s}")
