@@ -9,30 +9,11 @@ and `optim.load_state_dict` takes it."""
 from __future__ import annotations
 
 import torch
-from ranks_fully_shard import batch, mean_over_ranks
-from ranks_offload import loss_of, wrap_fsdp1
+from ranks_offload import wrap_fsdp1
+from ranks_optim_state import _fsdp, _steps
 from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig, StateDictType
 
 STEPS = 4  # the save runs the first half, the load the second
-
-
-def _fsdp(lib: str):
-    if lib == "torch":
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-    else:
-        from fsdp_lab import FSDP
-    return FSDP
-
-
-def _steps(model, opt, rank, world_size, steps) -> list:
-    losses = []
-    for step in steps:
-        loss = loss_of(model, *batch(step, rank, world_size))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(mean_over_ranks(loss, world_size))
-    return losses
 
 
 def _full(model, opt, lib: str) -> dict:

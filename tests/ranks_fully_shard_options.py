@@ -3,6 +3,8 @@
 import differs (torch or fsdp_lab): an untied embedding and output head share one group, each block has its own."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 from ranks_fully_shard import BATCH, D, SEQ, VOCAB, Block, api, full, mesh, reshard_all
@@ -31,6 +33,27 @@ def _batch(step, rank, world_size):
     return idx[rank * n:(rank + 1) * n], ((idx * 5 + 2) % VOCAB)[rank * n:(rank + 1) * n]
 
 
+def _train(model, rank, world_size, steps: int, count_gathers_of: str = "") -> tuple[list, list]:
+    """AdamW steps; returns the losses averaged over ranks and, given a lib, each step's all-gathers."""
+    from ranks_fsdp_module_methods import Counter
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, gathers = [], []
+    for step in range(steps):
+        idx, y = _batch(step, rank, world_size)
+        counter = Counter(count_gathers_of) if count_gathers_of else None
+        with counter or contextlib.nullcontext():
+            loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
+            loss.backward()
+        gathers.append(counter.count if counter else None)
+        opt.step()
+        opt.zero_grad()
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        losses.append(value.item() / world_size)
+    return losses, gathers
+
+
 def run_list_group(rank, world_size, lib):
     torch.manual_seed(0)
     model = TwoEnds()
@@ -42,17 +65,7 @@ def run_list_group(rank, world_size, lib):
     classes = [type(m).__name__ for m in (model.embed, model.head, model)]
     same_state = model.embed._get_fsdp_state() is model.head._get_fsdp_state() if lib == "torch" else \
         model.embed.__dict__["_fsdp_lab_state"] is model.head.__dict__["_fsdp_lab_state"]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for step in range(3):
-        idx, y = _batch(step, rank, world_size)
-        loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        value = loss.detach().clone()
-        dist.all_reduce(value)
-        losses.append(value.item() / world_size)
+    losses, _gathers = _train(model, rank, world_size, 3)
     with torch.no_grad():  # a pass where the head never runs: the root completes the group
         idx, _y = _batch(9, rank, world_size)
         skipped = model(idx, skip_head=True).float().sum().item()
@@ -71,7 +84,6 @@ def run_list_group(rank, world_size, lib):
 def run_checkpoint_wrapper(rank, world_size, lib):
     """torchtitan's apply_ac then apply_fsdp: each block wrapped by checkpoint_wrapper, then fully_shard on the
     wrappers and the root. Returns losses, parameters and all-gathers per step."""
-    from ranks_fsdp_module_methods import Counter
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
     torch.manual_seed(0)
@@ -82,19 +94,7 @@ def run_checkpoint_wrapper(rank, world_size, lib):
     for layer in model.layers:
         fsdp.fully_shard(layer, mesh=mesh(world_size))
     fsdp.fully_shard(model, mesh=mesh(world_size))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, gathers = [], []
-    for step in range(3):
-        idx, y = _batch(step, rank, world_size)
-        with Counter(lib) as counter:
-            loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
-            loss.backward()
-        gathers.append(counter.count)
-        opt.step()
-        opt.zero_grad()
-        value = loss.detach().clone()
-        dist.all_reduce(value)
-        losses.append(value.item() / world_size)
+    losses, gathers = _train(model, rank, world_size, 3, count_gathers_of=lib)
     reshard_all(model)
     return {"losses": losses, "gathers": gathers, "keys": sorted(model.state_dict()),
             "params": {n: full(p) for n, p in model.named_parameters()}}
@@ -116,15 +116,7 @@ def run_compile(rank, world_size, lib):
             if when == "after":
                 layer.compile(backend="aot_eager")
         fsdp.fully_shard(model, mesh=mesh(world_size))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        losses = []
-        for step in range(2):
-            idx, y = _batch(step, rank, world_size)
-            loss = nn.functional.cross_entropy(model(idx).reshape(-1, VOCAB), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
+        losses, _gathers = _train(model, rank, world_size, 2)
         reshard_all(model)
         out[when] = {"losses": losses, "params": {n: full(p) for n, p in model.named_parameters()}}
     return out
