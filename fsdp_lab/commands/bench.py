@@ -16,7 +16,9 @@ import sys
 
 from fsdp_lab.commands._argtypes import number, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_file_problem, replaced_file_problem
-from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
+from fsdp_lab.commands import _exit_codes as exit_codes
+from fsdp_lab.commands._ranks import (add_low_memory_flag, add_oversubscribe_flag, low_memory_problem,
+                                     oversubscribe_problem)
 
 NAME = "bench"
 HELP = "Time fsdp_lab against torch FSDP2 and plain training (step time, tokens/s, TFLOP/s, peak memory)."
@@ -30,6 +32,7 @@ def add_arguments(p) -> None:
     p.add_argument("--nproc-per-node", type=positive_int, default=None,
                    help="ranks to spawn (default: 2 on CPU, 1 on CUDA)")
     add_oversubscribe_flag(p)
+    add_low_memory_flag(p)
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl on CUDA with one rank per GPU, gloo otherwise")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size")
@@ -81,6 +84,13 @@ def run(args) -> int:
                           steps_per_round=args.steps_per_round, memory_steps=args.memory_steps,
                           optimizer=args.optimizer, modes=tuple(m.strip() for m in args.modes.split(",") if m),
                           memory_only=args.memory_only, trace=args.trace, timeout_s=args.timeout)
+        if cfg.device == "cpu":  # [Note: no more memory than is free] in fsdp_lab/commands/_ranks.py
+            from fsdp_lab.training.host_memory import bench_need, process_baseline
+
+            problem = low_memory_problem(bench_need(cfg, process_baseline()), args.allow_low_memory)
+            if problem:
+                print(f"fsdp-lab bench: error: {problem}", file=sys.stderr)
+                return exit_codes.USAGE
         result = run_bench(cfg)
     except (RankFailed, TimeoutError) as exc:  # a rank raised, died or hung
         print(f"fsdp-lab bench: {exc}", file=sys.stderr)

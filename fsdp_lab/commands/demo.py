@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 
 from fsdp_lab.commands._argtypes import positive_int
-from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
+from fsdp_lab.commands import _exit_codes as exit_codes
+from fsdp_lab.commands._ranks import (add_low_memory_flag, add_oversubscribe_flag, low_memory_problem,
+                                     oversubscribe_problem)
 
 NAME = "demo"
 HELP = "train the small GPT on 2 CPU ranks (gloo) beside a single-process reference"
@@ -18,6 +20,7 @@ def add_arguments(p):
     p.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=positive_int, default=2,
                    help="number of CPU ranks, as in train and bench (--world-size: the old spelling) (default 2)")
     add_oversubscribe_flag(p)
+    add_low_memory_flag(p)
     p.add_argument("--steps", type=positive_int, default=5, help="optimizer steps, numbered 1..N")
     p.add_argument("--preset", choices=list(PRESETS), default="tiny", help="model size")
     p.add_argument("--global-batch", type=positive_int, default=8,
@@ -30,6 +33,16 @@ def _kib(n: int) -> str:
     return f"{n / 1024:8.1f}"
 
 
+def _memory_need(args):
+    """The demo's ranks: the course GPT in fp32, one unit per Block, as fsdp_lab.training.demo wraps it."""
+    from fsdp_lab.training.host_memory import HostMemoryNeed, gpt_model_need, process_baseline
+    from fsdp_lab.training.models import PRESETS
+
+    gpt, world = PRESETS[args.preset], args.nproc_per_node
+    return HostMemoryNeed(world, process_baseline(), *gpt_model_need(gpt, args.strategy, world,
+                                                                     args.global_batch // world, gpt.block_size))
+
+
 def run(args) -> int:
     from fsdp_lab.training.demo import run_demo
 
@@ -38,10 +51,11 @@ def run(args) -> int:
         print(f"fsdp-lab demo: error: --global-batch {args.global_batch} does not divide by --nproc-per-node "
               f"{world}; each rank needs equal rows", file=sys.stderr)
         return 2
-    problem = oversubscribe_problem(world, args.allow_oversubscribe)
+    problem = oversubscribe_problem(world, args.allow_oversubscribe) or \
+        low_memory_problem(_memory_need(args), args.allow_low_memory)
     if problem:
         print(f"fsdp-lab demo: error: {problem}", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     print(f"fsdp_lab {args.strategy} on {world} CPU ranks (gloo), GPT preset '{args.preset}', "
           f"global batch {args.global_batch}")
     print("live bytes per rank after each optimizer step, in KiB: P = params, G = grads, O = optimizer state")

@@ -30,7 +30,8 @@ from fsdp_lab.commands import _exit_codes as exit_codes
 from fsdp_lab.commands import _rendezvous
 from fsdp_lab.commands._argtypes import count, path_text, positive_float, positive_int
 from fsdp_lab.commands._paths import first_problem, output_dir_problem, output_file_problem
-from fsdp_lab.commands._ranks import add_oversubscribe_flag, oversubscribe_problem
+from fsdp_lab.commands._ranks import (add_low_memory_flag, add_oversubscribe_flag, low_memory_problem,
+                                     oversubscribe_problem)
 
 NAME = "train"
 HELP = "Train the course GPT with fsdp_lab on 1..N processes (torchrun), with sharded checkpoints."
@@ -43,7 +44,7 @@ Each rank can also be started directly: torchrun ... -m fsdp_lab.commands.train 
 class ExitCode(enum.IntEnum):
     OK = 0
     ERROR = 1          # an unexpected Python error (a bug): its traceback is printed
-    USAGE = 2          # bad flags, or a configuration that cannot run here
+    USAGE = exit_codes.USAGE  # bad flags, or a configuration that cannot run here
     RANK_FAILED = 3    # a rank died, or a collective failed or timed out (a peer is gone or stuck)
     CHECKPOINT = 4     # a checkpoint could not be saved, found or loaded
     INTERRUPTED = exit_codes.INTERRUPTED  # Ctrl-C; the signal codes every subcommand shares
@@ -128,6 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("processes (passed to torchrun)")
     g.add_argument("--nproc-per-node", type=positive_int, default=1, help="ranks on this node (default 1)")
     add_oversubscribe_flag(g)
+    add_low_memory_flag(g)
     g.add_argument("--nnodes", type=positive_int, default=1, help="number of nodes (default 1)")
     g.add_argument("--node-rank", type=count, default=0, help="this node's index, 0..nnodes-1 (default 0)")
     g.add_argument("--rdzv-endpoint", type=_endpoint, metavar="HOST:PORT",
@@ -196,11 +198,11 @@ def _check(args, cfg, machine: bool = True) -> int | None:
                             output_dir_problem("--trace", cfg.trace))
     if problem:
         return _usage(problem)
-    if cfg.device == "cpu":
-        from fsdp_lab.training.estimate import available_memory, memory_need, memory_problem
+    if cfg.device == "cpu":  # [Note: no more memory than is free] in fsdp_lab/commands/_ranks.py
+        from fsdp_lab.training.host_memory import process_baseline, train_need
 
-        need = memory_need(cfg.preset, cfg.global_batch, world, args.nproc_per_node, cfg.strategy)
-        problem = memory_problem(need, available_memory())
+        problem = low_memory_problem(train_need(cfg, world, args.nproc_per_node, process_baseline()),
+                                     args.allow_low_memory)
         if problem:
             return _usage(problem)
     if cfg.device == "cuda":

@@ -1,6 +1,4 @@
-"""The start banner of `fsdp-lab train`: what is about to run and, when a step will be slow, about how slow; and
-the memory a CPU run needs at least, so that a preset too big for this machine is refused before it starts
-instead of being killed by the kernel's OOM killer (or swapping) half-way through building the model.
+"""The start banner of `fsdp-lab train`: what is about to run and, when a step will be slow, about how slow.
 
 A step costs about 6·Φ·t FLOPs per rank (forward 2Φ, backward 4Φ per token; t = tokens per rank and step).
 The rate is measured here, not assumed: a float32 matmul timed on this machine with the threads one rank
@@ -80,55 +78,3 @@ def banner(cfg, world_size: int) -> str:
     return (f"{line}\nestimate: about {_duration(est.seconds)} per step, at least (6·Φ·tokens = "
             f"{est.flops_per_rank / 1e12:,.1f} TFLOP per rank at {est.flops_per_s / 1e9:,.0f} GFLOP/s, the rate of "
             f"a float32 matmul measured here on one rank's threads); the first step line appears after it")
-
-
-@dataclass(frozen=True)
-class MemoryNeed:
-    """A lower bound on the host memory a CPU run takes on this node, and what it is made of (bytes)."""
-    per_rank: int
-    ranks: int          # the ranks on this node: on CPU they share its memory
-    state: int          # per rank: fp32 parameters, gradients and AdamW's two moments, or the full model built
-    logits: int         # per rank: the logits and their gradient, the largest activation
-
-    @property
-    def total(self) -> int:
-        return self.per_rank * self.ranks
-
-
-def memory_need(preset: str, global_batch: int, world_size: int, local_ranks: int, strategy: str) -> MemoryNeed:
-    """At least 16·Φ/N bytes per rank of sharded state (4 each: parameter, gradient, exp_avg, exp_avg_sq; 16·Φ
-    replicated under NO_SHARD, 8·Φ + 8·Φ/N under ZERO1, N the ranks of one node under HYBRID_SHARD), and never less than the 4·Φ of the full model each rank
-    builds before FSDP shards it; plus the logits (B·T·vocab fp32) and their gradient. Everything else
-    (other activations, the gathered units, the allocator's slack) comes on top, so this is a floor."""
-    params = parameter_count(preset)
-    n = max(1, world_size)
-    if strategy in ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"):  # sharded inside the node only
-        n = max(1, local_ranks)
-    state = {"NO_SHARD": 16 * params, "ZERO1": 8 * params + 8 * params // n}.get(strategy, 16 * params // n)
-    cfg = PRESETS[preset]
-    logits = 2 * 4 * (global_batch // n) * cfg.block_size * cfg.vocab_size
-    per_rank = max(state, 4 * params) + logits
-    return MemoryNeed(per_rank, local_ranks, max(state, 4 * params), logits)
-
-
-def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
-    """MemAvailable in bytes (what the kernel can give without swapping), or None where it is not reported."""
-    try:
-        with open(meminfo, encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def memory_problem(need: MemoryNeed, available: int | None) -> str | None:
-    """One line when `need` does not fit in `available` bytes, naming both; else None."""
-    if available is None or need.total <= available:
-        return None
-    gib = 2 ** 30
-    return (f"this run needs at least {need.total / gib:,.1f} GiB of memory ({need.ranks} rank(s) x "
-            f"{need.per_rank / gib:,.1f} GiB: {need.state / gib:,.1f} GiB of model and optimizer state, "
-            f"{need.logits / gib:,.1f} GiB of logits), but only {available / gib:,.1f} GiB is available "
-            f"(MemAvailable); use a smaller --preset or --global-batch, more nodes, or FULL_SHARD")

@@ -40,6 +40,7 @@ from fsdp_lab.lessons.live import engine, lifeline
 from fsdp_lab.lessons.live.outcome import (CellRun, RankOutput, RanksFailed, RankStatus, plain,
                                            stack_of_current_thread)
 from fsdp_lab.lessons.live.processes import KnownProcesses, kill, running, signal_pid, with_descendants
+from fsdp_lab.training import host_memory
 from fsdp_lab.training.launch import free_port, usable_cores
 
 _POLL_S = 0.05
@@ -61,7 +62,8 @@ def _tail(text: str, n: int) -> str:
 
 class Ranks:
     def __init__(self, n: int = 2, *, timeout_s: float = 60.0, start_timeout_s: float = 120.0,
-                 group_timeout_s: float = 60.0, threads_per_rank: int = 1, allow_oversubscribe: bool = False):
+                 group_timeout_s: float = 60.0, threads_per_rank: int = 1, allow_oversubscribe: bool = False,
+                 allow_low_memory: bool = False):
         if n < 1:
             raise ValueError(f"the number of ranks must be >= 1, got {n}")
         cores = usable_cores()  # [Note: no more ranks than cores] in fsdp_lab/commands/_ranks.py
@@ -73,6 +75,7 @@ class Ranks:
                              f" group_timeout_s={group_timeout_s}")
         self.n, self.timeout_s, self.start_timeout_s = n, timeout_s, start_timeout_s
         self.group_timeout_s, self.threads_per_rank = group_timeout_s, threads_per_rank
+        self.allow_low_memory = allow_low_memory
         self.state = RanksState.STOPPED
         self.broken_because = ""
         self.startup_s: Optional[float] = None  # seconds the last start()/restart() took, measured
@@ -95,6 +98,9 @@ class Ranks:
 
         if self.state is not RanksState.STOPPED:
             raise RuntimeError(f"{self!r} is already started: call restart() or stop() first")
+        problem = self._memory_problem()
+        if problem:
+            raise MemoryError(problem)
         began = time.monotonic()
         self._stack_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-stacks-"))
         self.trace_dir = Path(tempfile.mkdtemp(prefix="fsdp-lab-live-trace-"))
@@ -112,6 +118,22 @@ class Ranks:
             self.stop()
             raise
         return self
+
+    def _memory_problem(self) -> Optional[str]:
+        """[Note: no more memory than is free] in fsdp_lab/commands/_ranks.py, for n engine processes. This
+        kernel has imported torch, so its own size bounds an engine's from above at no cost; only when that bound
+        does not fit is a fresh `import torch` measured (about two seconds) for the real figure."""
+        if self.allow_low_memory:
+            return None
+        available = host_memory.available_memory()
+        problem = None
+        for fresh in (False, True):
+            need = host_memory.processes_need(self.n, host_memory.process_baseline(fresh=fresh))
+            problem = host_memory.memory_problem(need, available, "pass allow_low_memory=True",
+                                                advice="start fewer ranks")
+            if problem is None:
+                return None
+        return f"{self.n} live ranks: {problem}"
 
     def restart(self) -> "Ranks":
         """Replace every engine (a hung rank cannot be cancelled) and form a fresh group; the controller stays."""
