@@ -63,21 +63,26 @@ def resume_all(rank, world_size, phase: str, kinds: tuple, folder: str, options:
     return {kind: resume(rank, world_size, phase, kind, folder, options) for kind in kinds}
 
 
-def resume(rank, world_size, phase: str, kind: str, folder: str, options: dict, steps: int = 4) -> dict:
+def resume(rank, world_size, phase: str, kind: str, folder: str, options: dict, steps: int = 4,
+           lib: str = "fsdp_lab") -> dict:
     """phase "straight": `steps` steps. "save": steps//2, then save model and optimizer under `kind` (FULL: rank 0
     writes one torch.save file; SHARDED: torch.distributed.checkpoint). "load": a fresh model with other weights
-    loads it and runs the remaining steps. Also returns the loaded state re-exported in full."""
+    loads it and runs the remaining steps. Also returns the loaded state re-exported in full ("exported") and,
+    after a load, the state after the remaining steps ("final"). `lib`: whose FSDP1 (torch or fsdp_lab), so a
+    file one writes can be loaded by the other (tests/test_interop.py)."""
     import torch.distributed.checkpoint as dcp
 
-    from fsdp_lab import FSDP
-
+    FSDP = _fsdp(lib)
     half = steps // 2
-    model = wrap_fsdp1("fsdp_lab", False, dict(options), seed=1234 if phase == "load" else 0)
+    model = wrap_fsdp1(lib, False, dict(options), seed=1234 if phase == "load" else 0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if phase == "straight":
         return {"losses": _steps(model, opt, rank, world_size, range(steps))}
-    full_type = (StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True),
-                 FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True))
+    # torch 2.13's FSDP1 on the CPU fails with offload_to_cpu=True ("setStorage: ... out of bounds for storage of
+    # size 0": it frees the flat storage the CPU copy still views); on the CPU there is nowhere to offload to.
+    offload = lib != "torch"
+    full_type = (StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+                 FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True))
     sharded_type = (StateDictType.SHARDED_STATE_DICT,)
     settings = full_type if kind == "full" else sharded_type
     if phase == "save":
@@ -89,7 +94,7 @@ def resume(rank, world_size, phase: str, kind: str, folder: str, options: dict, 
                 torch.save(state, f"{folder}/full.pt")
         else:
             dcp.save(state, checkpoint_id=f"{folder}/sharded")
-        return {"losses": losses, "exported": _export(model, opt)}
+        return {"losses": losses, "exported": _export(model, opt, lib)}
     if kind == "full":
         state = torch.load(f"{folder}/full.pt", weights_only=False) if rank == 0 else {"model": {}, "optim": {}}
         with FSDP.state_dict_type(model, *settings):
@@ -102,8 +107,9 @@ def resume(rank, world_size, phase: str, kind: str, folder: str, options: dict, 
             dcp.load(state, checkpoint_id=f"{folder}/sharded")
             model.load_state_dict(state["model"])
             FSDP.optim_state_dict_to_load(model, opt, state["optim"], load_directly=True)
-    exported = _export(model, opt)
-    return {"losses": _steps(model, opt, rank, world_size, range(half, steps)), "exported": exported}
+    exported = _export(model, opt, lib)
+    losses = _steps(model, opt, rank, world_size, range(half, steps))
+    return {"losses": losses, "exported": exported, "final": _export(model, opt, lib)}
 
 
 def _broadcast(obj, rank):
@@ -114,9 +120,8 @@ def _broadcast(obj, rank):
     return box[0]
 
 
-def _export(model, opt) -> dict:
-    from fsdp_lab import FSDP
-
+def _export(model, opt, lib: str = "fsdp_lab") -> dict:
+    FSDP = _fsdp(lib)
     return {"model": {k: v.clone() for k, v in model.state_dict().items()},
             "optim": _plain(FSDP.optim_state_dict(model, opt))}
 
