@@ -98,4 +98,86 @@ def run_train(rank, world_size, lib, dp=2, tp=2, steps=3):
     return {"losses": losses, "norms": norms,
             "params": {n: full(p) for n, p in model.named_parameters()},
             "placements": {n: placements(p) for n, p in model.named_parameters()},
-            "local_shapes": {n: tuple(p.to_local().shape) for n, p in model.named_parameters()}}
+            "local_shapes": {n: tuple(getattr(p, "_local_tensor", p).shape) for n, p in model.named_parameters()}}
+
+
+def _described(state: dict) -> dict:
+    """key → (placements, full value) for every tensor of a (possibly nested) state dict."""
+    out = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        elif isinstance(value, torch.Tensor):
+            out[prefix[:-1]] = (placements(value), full(value))
+        else:
+            out[prefix[:-1]] = value
+    walk("", state)
+    return out
+
+
+def state_dicts(model, opt) -> dict:
+    """get_model_state_dict and get_state_dict, full and sharded, each described key by key."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    out = {}
+    for kind, full_state_dict in (("full", True), ("sharded", False)):
+        options = StateDictOptions(full_state_dict=full_state_dict)
+        out[f"model_{kind}"] = _described(get_model_state_dict(model, options=options))
+        msd, osd = get_state_dict(model, opt, options=options)
+        out[f"both_{kind}"] = _described({"model": msd, "optim": osd})
+    return out
+
+
+def run_train_and_state_dicts(rank, world_size, lib, dp=2, tp=2, steps=3):
+    model, mesh = build(lib, dp, tp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses, norms = train(model, opt, mesh, steps)
+    reshard_all(model)
+    return {"losses": losses, "norms": norms,
+            "params": {n: full(p) for n, p in model.named_parameters()},
+            "placements": {n: placements(p) for n, p in model.named_parameters()},
+            "local_shapes": {n: tuple(getattr(p, "_local_tensor", p).shape) for n, p in model.named_parameters()},
+            "state_dicts": state_dicts(model, opt) if mesh is not None else None}
+
+
+def build_1d(lib: str, world_size: int, seed: int = 0):
+    """The same model with fully_shard on a 1-D mesh of every rank and no tensor parallel (dp=world_size)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(seed)
+    model, fsdp = Net(), api(lib)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp",))
+    for block in model.layers:
+        fsdp.fully_shard(block, mesh=mesh)
+    fsdp.fully_shard(model, mesh=mesh)
+    return model, mesh
+
+
+def run_dcp_resume(rank, world_size, lib, folder, steps=2):
+    """Train on 2x2, save model and optimizer with DCP, train on; then load the checkpoint into a fresh 2x2 model
+    and into a dp=4 model without tensor parallel (resharded), and train the same steps from it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, mesh = build(lib, 2, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before, _n = train(model, opt, mesh, steps)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=folder)
+    continued, _n = train(model, opt, mesh, steps, first_step=steps)
+    reshard_all(model)
+    expected = {n: full(p) for n, p in model.named_parameters()}
+    out = {"before": before, "continued": continued, "expected": expected}
+    for target in ("2x2", "dp4"):
+        fresh, fresh_mesh = build(lib, 2, 2, seed=1) if target == "2x2" else build_1d(lib, world_size, seed=1)
+        fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+        msd, osd = get_state_dict(fresh, fresh_opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        resumed, _n = train(fresh, fresh_opt, fresh_mesh, steps, first_step=steps)
+        reshard_all(fresh)
+        out[target] = {"resumed": resumed, "params": {n: full(p) for n, p in fresh.named_parameters()}}
+    return out
