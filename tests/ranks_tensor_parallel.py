@@ -181,3 +181,24 @@ def run_dcp_resume(rank, world_size, lib, folder, steps=2):
         reshard_all(fresh)
         out[target] = {"resumed": resumed, "params": {n: full(p) for n, p in fresh.named_parameters()}}
     return out
+
+
+def run_trace(rank, world_size):
+    """One forward and backward of the 2x2 model under the lifecycle trace: bytes per mesh dimension."""
+    from fsdp_lab.observe import trace
+    from fsdp_lab.observe.mesh_traffic import bytes_by_mesh_dim
+
+    model, mesh = build("fsdp_lab", 2, 2)
+    with trace.record(model) as tracer:
+        model(batch(0, mesh["dp"].get_local_rank(), 2)).pow(2).mean().backward()
+    events = tracer.events
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    with CommDebugMode() as torch_count:  # torch's own count of DTensor's collectives, for the same pass
+        model(batch(0, mesh["dp"].get_local_rank(), 2)).pow(2).mean().backward()
+    return {"torch_counts": {str(op): n for op, n in torch_count.get_comm_counts().items()},
+            "by_dim": bytes_by_mesh_dim(events), "by_dim_collective": bytes_by_mesh_dim(events, collective=True),
+            "dtensor_events": [(e["phase"], e["collective"], e["mesh_dim"], e["group_ranks"], e["bytes_sent"])
+                               for e in events if e["event"] == "dtensor_collective"],
+            "fsdp_dims": sorted({(e["event"], e["mesh_dim"], tuple(e["group_ranks"])) for e in events
+                                 if e.get("bytes_sent") and e["event"] != "dtensor_collective"})}

@@ -53,3 +53,24 @@ def test_dcp_resume_on_2x2_and_resharded_to_dp4_continues_exactly(tmp_path):
             assert got[target]["resumed"] == pytest.approx(ref[target]["resumed"], abs=TOL), target
             assert _max_diff(got[target]["params"], got["expected"]) <= TOL, target
             assert _max_diff(got[target]["params"], ref[target]["params"]) <= TOL, target
+
+
+def test_trace_counts_bytes_per_mesh_dim():
+    """One forward and backward per rank. dp: each block's group is S = 51 fp32 elements per rank (w1: 3 of
+    its 5 tp rows of 8, bias 3; w2: 4 of 8 rows of 5, bias 4), gathered as 2·51·4 = 408 bytes; a ring
+    all-gather or reduce-scatter on 2 ranks sends half: 204 bytes. Two blocks, each gathered in forward and
+    again in backward, each reduce-scattered once. tp: each RowwiseParallel output all-reduces the (4, 3, 8)
+    fp32 activation (384 bytes; a ring all-reduce on 2 ranks sends 384), and in backward block 1's
+    ColwiseParallel input gradient does (block 0's input needs no gradient)."""
+    from ranks_tensor_parallel import run_trace
+
+    for got in run_on_ranks(run_trace, 4, timeout_s=300):
+        assert got["by_dim_collective"] == {("dp", "all_gather"): 2 * 2 * 204, ("dp", "reduce_scatter"): 2 * 204,
+                                            ("tp", "all_reduce"): 3 * 384}
+        assert got["by_dim"] == {"dp": 6 * 204, "tp": 3 * 384}
+        assert [e[:3] for e in got["dtensor_events"]] == [("forward", "all_reduce", "tp")] * 2 + \
+            [("backward", "all_reduce", "tp")]
+        # torch's CommDebugMode counts the same pass: DTensor's 3 all-reduces, fully_shard's 4 + 2 on dp
+        assert got["torch_counts"] == {"c10d_functional.all_reduce": 3, "c10d._allgather_base_": 4,
+                                       "c10d._reduce_scatter_base_": 2}
+        assert {e[1] for e in got["fsdp_dims"]} == {"dp"}
