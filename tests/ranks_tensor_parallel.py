@@ -196,9 +196,27 @@ def run_trace(rank, world_size):
 
     with CommDebugMode() as torch_count:  # torch's own count of DTensor's collectives, for the same pass
         model(batch(0, mesh["dp"].get_local_rank(), 2)).pow(2).mean().backward()
-    return {"torch_counts": {str(op): n for op, n in torch_count.get_comm_counts().items()},
+    return {"refusals": refusals(), "torch_counts": {str(op): n for op, n in torch_count.get_comm_counts().items()},
             "by_dim": bytes_by_mesh_dim(events), "by_dim_collective": bytes_by_mesh_dim(events, collective=True),
             "dtensor_events": [(e["phase"], e["collective"], e["mesh_dim"], e["group_ranks"], e["bytes_sent"])
                                for e in events if e["event"] == "dtensor_collective"],
             "fsdp_dims": sorted({(e["event"], e["mesh_dim"], tuple(e["group_ranks"])) for e in events
                                  if e.get("bytes_sent") and e["event"] != "dtensor_collective"})}
+
+
+def refusals() -> dict:
+    """What fsdp_lab refuses by name over tensor-parallel parameters: the ValueError messages."""
+    import fsdp_lab
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh, out = mesh_2d(2, 2), {}
+    for case, kwargs in (("hsdp", {"mesh": mesh}), ("offload", {"mesh": mesh["dp"],
+                                                                 "offload_policy": fsdp_lab.CPUOffloadPolicy()})):
+        block = Block()
+        parallelize_module(block, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+        try:
+            fsdp_lab.fully_shard(block, **kwargs)
+            out[case] = None
+        except ValueError as err:
+            out[case] = str(err)
+    return out

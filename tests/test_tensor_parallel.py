@@ -74,3 +74,5 @@ def test_trace_counts_bytes_per_mesh_dim():
         assert got["torch_counts"] == {"c10d_functional.all_reduce": 3, "c10d._allgather_base_": 4,
                                        "c10d._reduce_scatter_base_": 2}
         assert {e[1] for e in got["fsdp_dims"]} == {"dp"}
+        assert "2-D (HSDP) mesh" in got["refusals"]["hsdp"] and "'w1.weight'" in got["refusals"]["hsdp"]
+        assert "offload_policy=CPUOffloadPolicy()" in got["refusals"]["offload"]
