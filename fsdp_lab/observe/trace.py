@@ -6,7 +6,9 @@ wrapped by fsdp_lab.FSDP or the root of a fsdp_lab.fully_shard model: both front
 
 Each line: {"t", "rank", "step", "unit", "phase", "event", "bytes_sent", "bytes_received", "mem": {...}}; an event
 that issued collectives also has "group" ("shard", "replicate", or "post_forward": the sub-group an integer
-reshard_after_forward re-gathers in) and "group_ranks" (that group's global ranks).
+reshard_after_forward re-gathers in) and "group_ranks" (that group's global ranks); on a mesh with
+mesh_dim_names also "mesh_dim", the name of the dimension that group runs along ([Note: bytes per mesh dimension]
+in fsdp_lab/observe/mesh_traffic.py, which also records DTensor's tensor-parallel collectives).
 A gather_end or regather_end also has "unit_bytes": {"shard", "full"}, the unit's fp32 shard on this rank and its
 gathered buffer, so a trace alone gives the potluck exact sizes (a live run's events reach it without a unit table).
 "mem" holds the runtime's exact live bytes by kind (fsdp_lab.runtime.core.memory) and, on CUDA, "cuda_allocated" and
@@ -23,9 +25,10 @@ from typing import Iterator, Optional
 
 import torch
 
+from fsdp_lab.observe.mesh_traffic import DTensorCollectives, mesh_dims, tensor_parallel_mesh
 from fsdp_lab.observe.traffic import collective_bytes
 from fsdp_lab.runtime.core.memory import memory_report
-from fsdp_lab.runtime.core.observed import set_tracer, shared_state, units_of
+from fsdp_lab.runtime.core.observed import data_parallel_mesh, set_tracer, shared_state, units_of
 
 _MASTER_BYTES = 4  # a shard is kept in fp32 (the master weights), whatever the gathered dtype
 _SIZED_EVENTS = ("gather_end", "regather_end")
@@ -53,6 +56,9 @@ class Tracer:
             self._file = open(path, "a", encoding="utf-8")
         self._hook = None
         self._unit_bytes: Optional[dict] = None  # unit name → unit_bytes, made at the first gather
+        # this rank's group ranks → mesh dimension name, for a mesh with names ([Note: bytes per mesh dimension])
+        self.mesh_dims = {ranks: name for name, ranks, _g in mesh_dims(data_parallel_mesh(model))} \
+            if model is not None else {}
         if optimizer is not None:
             self.watch_optimizer(optimizer)
 
@@ -83,6 +89,10 @@ class Tracer:
                 record["unit_bytes"] = self._unit_bytes[unit]
         if collectives:  # one beat's collectives run in one group: "shard" or "replicate", and its ranks
             record["group"], record["group_ranks"] = collectives[0].group, list(collectives[0].ranks)
+            if "mesh_dim" not in record and self.mesh_dims:  # [Note: bytes per mesh dimension]
+                dim = self.mesh_dims.get(tuple(collectives[0].ranks))
+                if dim is not None:
+                    record["mesh_dim"] = dim
         if self.keep_in_memory:
             self.events.append(record)
         if self._file is not None:
@@ -117,8 +127,11 @@ def record(model, path: Optional[str | os.PathLike] = None, optimizer=None, **kw
     """Trace `model` inside the block; the tracer is detached (and the file closed) however the block exits."""
     tracer = Tracer(path, rank=shared_state(model).rank, model=model, optimizer=optimizer, **kwargs)
     attach(model, tracer)
+    mesh = data_parallel_mesh(model)
     try:
-        yield tracer
+        with (DTensorCollectives(tracer, mesh_dims(mesh)) if tensor_parallel_mesh(mesh)
+              else contextlib.nullcontext()):
+            yield tracer
     finally:
         attach(model, None)
         tracer.close()

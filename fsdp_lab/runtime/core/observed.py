@@ -68,3 +68,11 @@ def shared_state(model) -> FSDPState:
 def set_tracer(model, tracer) -> None:
     """Attach (or with None, detach) a tracer: every unit's lifecycle events go to `tracer.emit`."""
     shared_state(model).tracer = tracer
+
+
+def data_parallel_mesh(model):
+    """The DeviceMesh fully_shard was given (None for an FSDP wrapper, which keeps process groups)."""
+    _check(model)
+    if is_fully_shard(model):
+        return model.__dict__[FULLY_SHARD_STATE].mesh
+    return None

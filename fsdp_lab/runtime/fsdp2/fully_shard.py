@@ -34,6 +34,7 @@ from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
 from fsdp_lab.runtime.fsdp2.module_group import GroupHooks, root_modules
 from fsdp_lab.runtime.fsdp2.param_group import ParamGroup
 from fsdp_lab.runtime.fsdp2.post_forward import check_group_size, make_post_forward_groups
+from fsdp_lab.runtime.fsdp2.tensor_parallel import check_tp_param, is_tp_param
 
 
 class FullyShardState:
@@ -185,6 +186,10 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
     after_forward = _check_reshard_after_forward(reshard_after_forward, mesh)
     ignored = {id(p) for p in (ignored_params or ())}
     trainable, frozen, originals = _collect_params(modules, ignored)
+    for param, aliases in trainable + frozen:  # [Note: FSDP over tensor parallel] in tensor_parallel.py
+        if is_tp_param(param):
+            check_tp_param(param, aliases[0][2], mesh, placement.offloaded,
+                           after_forward if type(after_forward) is int else None)
     for sub in (sub for m in modules for sub in _managed_modules(m)):
         for name, buf in sub._buffers.items():
             if buf is not None and buf.device.type != "meta" and buf.device != device:

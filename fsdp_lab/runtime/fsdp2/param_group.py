@@ -36,6 +36,7 @@ from fsdp_lab.runtime.core.layout import UnshardedViews
 from fsdp_lab.runtime.core.misuse import mark_replaced, mark_sharded
 from fsdp_lab.runtime.core.placement import Home, Placement
 from fsdp_lab.runtime.features.hybrid import shard_coordinate, shard_placements
+from fsdp_lab.runtime.fsdp2.tensor_parallel import as_tp, is_tp_param, sharded_spec
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ShardedParam:
     local_rows: int  # rows this rank holds: c, fewer for the last ranks, or 0
     row_numel: int  # elements per row: prod(shape[1:])
     spec: object  # the DTensorSpec of the sharded parameter (its gradient gets the same one)
+    tp_spec: object = None  # placed by tensor parallel: its "tp" DTensorSpec ([Note: FSDP over tensor parallel])
 
     @property
     def name(self) -> str:
@@ -73,18 +75,23 @@ def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, place
     """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
     its placement's home ([Note: host and device] in fsdp_lab/runtime/features/offload.py): rank and world size of the
     mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other. `into`: the block's place in
-    the group's master buffer ([Note: one master buffer]), which becomes the local tensor."""
-    rows = math.ceil(param.shape[0] / world_size)
-    start = min(rank * rows, param.shape[0])
-    local = param.detach()[start:start + rows]
+    the group's master buffer ([Note: one master buffer]), which becomes the local tensor. A DTensor placed by
+    tensor parallel: its local tensor is what is cut ([Note: FSDP over tensor parallel])."""
+    data = param._local_tensor if is_tp_param(param) else param
+    rows = math.ceil(data.shape[0] / world_size)
+    start = min(rank * rows, data.shape[0])
+    local = data.detach()[start:start + rows]
     if into is not None:
         local = into.view(local.shape).copy_(local)
     elif local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
         local = placement.to_home(local, pin=True)
     elif local.device.type != "meta":
         local = local.to(placement.compute_device).clone()
-    dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
-                                 stride=param.stride())
+    if is_tp_param(param):
+        dtensor = DTensor(local, sharded_spec(param._spec, mesh, shard_placements(mesh)[-1]), requires_grad=False)
+    else:
+        dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
+                                     stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
 
 
@@ -124,23 +131,26 @@ class ParamGroup(UnshardedViews):
             if param.dim() == 0:
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
-        held_numels = [_local_rows(p.shape[0], self.rank, n) * p.shape[1:].numel() for p, _a in entries]
+        shapes = [p._local_tensor.shape if is_tp_param(p) else p.shape for p, _a in entries]  # what is cut
+        held_numels = [_local_rows(shape[0], self.rank, n) * shape[1:].numel() for shape in shapes]
         self._master = None  # [Note: one master buffer]
         if (not self.placement.offloaded and len({p.dtype for p, _a in entries}) == 1
                 and all(p.device.type != "meta" for p, _a in entries)):
             self._master = torch.empty(sum(held_numels), dtype=entries[0][0].dtype, device=device)
         pieces = _master_pieces(self._master, held_numels) if self._master is not None else [None] * len(entries)
-        for (param, aliases), piece in zip(entries, pieces):
+        for (param, aliases), piece, shape in zip(entries, pieces, shapes):
+            tp_spec = param._spec if is_tp_param(param) else None
             sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece)
             mark_replaced(param, aliases[0][2], "fully_shard")  # [Note: traps that train nothing] in misuse.py
             mark_sharded(sharded, unit_name, aliases[0][2])
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
-            rows = math.ceil(param.shape[0] / n)
+            rows = math.ceil(shape[0] / n)
             local_rows = sharded.to_local().shape[0]
-            slots.append(ShardedParam(tuple(aliases), param.shape, rows, local_rows,
-                                      param.shape[1:].numel(), sharded._spec))
+            slots.append(ShardedParam(tuple(aliases), shape, rows, local_rows, shape[1:].numel(), sharded._spec,
+                                      tp_spec))
         self.slots: list[ShardedParam] = slots
+        self._tp_picks = [i for i, s in enumerate(slots) if s.tp_spec is not None]
         self.master_dtype = entries[0][0].dtype
         self.shard_numel = sum(s.shard_numel for s in slots)  # S
         self._padded_sizes = [n * s.shard_numel for s in slots]
@@ -330,7 +340,10 @@ class ParamGroup(UnshardedViews):
                 if padded > slot.numel:
                     sizes.append(padded - slot.numel)
             self._view_plan = (sizes, picks, [s.shape for s in self.slots])
-        return self._split_views(*self._view_plan)
+        views = self._split_views(*self._view_plan)
+        for i in self._tp_picks:  # [Note: FSDP over tensor parallel] in tensor_parallel.py
+            views[i] = as_tp(views[i], self.slots[i].tp_spec)
+        return views
 
     @property
     def views_dropped_when_freed(self) -> bool:
