@@ -38,7 +38,7 @@ SEQ, OP, UNIT, PHASE, SHAPE, DTYPE, NUMEL, STATE, T_ISSUED = range(9)
 # a peer that is idle, finished or dead is then named by what it posted last. The failing rank waits at most
 # REPORT_WAIT_S for every peer of the group to post; a peer that never does is named as silent. Store calls get
 # their own short timeout, so a store that is gone (its host rank died) costs seconds, never a hang.
-REPORT_WAIT_S = 3.0
+REPORT_WAIT_S = 2.0
 STORE_TIMEOUT_S = 2.0
 KEY = "fsdp_lab/collective_log/{group}/{rank}"
 
@@ -46,11 +46,12 @@ KEY = "fsdp_lab/collective_log/{group}/{rank}"
 class CollectiveLog:
     """One rank's ring of its last collectives on one process group."""
 
-    __slots__ = ("group_name", "rank", "ranks", "seq", "records", "__weakref__")
+    __slots__ = ("group_name", "rank", "ranks", "seq", "records", "failed_at", "__weakref__")
 
     def __init__(self, group_name: str, rank: int, ranks: tuple, size: int = RING):
         self.group_name, self.rank, self.ranks = group_name, rank, ranks
         self.seq = 0
+        self.failed_at = -1  # seq when this rank posted a failure: a later "raised" post must not hide it
         self.records: deque = deque(maxlen=size)
 
     def issue(self, op: str, unit: str, phase: str, shape, dtype, numel: int) -> list:
@@ -127,7 +128,8 @@ def post_all(status: str, error: str = "") -> None:
         return
     store = _store()
     for log in logs():
-        post(log, status, error, store)
+        if log.failed_at != log.seq:
+            post(log, status, error, store)
 
 
 def gather(log: CollectiveLog, wait_s: float = REPORT_WAIT_S, store=None) -> dict:
@@ -188,20 +190,24 @@ def report(snaps: dict) -> str:
             left.setdefault(key, (last, []))[1].append(rank)
     parts = []
     groups = sorted(waiting.values(), key=lambda g: g[1][0])
+    entered = groups[0][0] if groups else None
+    never, outside = [], []
+    for (status, error, _), (last, ranks) in sorted(left.items(), key=lambda kv: kv[1][1][0]):
+        how = {"raised": f" (it raised {error})" if error else " (it raised)", "finished": ""}.get(status,
+                                                                                                 f" ({status})")
+        after = (f"{'its' if len(ranks) == 1 else 'their'} last was {describe(last)}" if last else
+                 f"{'it' if len(ranks) == 1 else 'they'} issued none on this group")
+        if entered is not None and (last is None or last[0] < entered[0]):
+            never.append(f"{_who(ranks)} never entered{how}: {after}")
+        else:
+            outside.append(f"{_who(ranks)} {'is' if len(ranks) == 1 else 'are'} outside any collective{how}: {after}")
     for i, (rec, ranks) in enumerate(groups):
         verb = ("waits in" if len(ranks) == 1 else "wait in") if i == 0 else ("is in" if len(ranks) == 1 else "are in")
-        parts.append(f"{_who(ranks)} {verb} {describe(rec)}")
-    for (status, error, _), (last, ranks) in sorted(left.items(), key=lambda kv: kv[1][1][0]):
-        entered = groups[0][0] if groups else None
-        after = f"its last was {describe(last)}" if last else "it issued none on this group"
-        if len(ranks) > 1:
-            after = after.replace("its last", "their last").replace("it issued", "they issued")
-        how = {"raised": f" (it raised {error})" if error else " (it raised)",
-               "finished": ""}.get(status, f" ({status})")
-        if entered is not None and (last is None or last[0] < entered[0]):
-            parts.append(f"{_who(ranks)} never entered {describe(entered)}{how}: {after}")
-        else:
-            parts.append(f"{_who(ranks)} is outside any collective{how}: {after}")
+        part = f"{_who(ranks)} {verb} {describe(rec)}"
+        if i == 0 and never:
+            part += ", which " + "; ".join(never)
+        parts.append(part)
+    parts += outside
     if silent:
         parts.append(f"{_who(silent)} did not report (dead, or stuck outside a collective)")
     diverged = first_difference(snaps)
@@ -247,6 +253,7 @@ def on_failure(log: Optional[CollectiveLog]) -> str:
         return ""
     store = _store()
     post(log, "failed", store=store)
+    log.failed_at = log.seq
     snaps = gather(log, store=store)
     snaps[log.rank] = log.snapshot("failed")
     return report(snaps)
