@@ -8,6 +8,7 @@ when the sizes of two mismatched collectives differ.
 """
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -51,17 +52,17 @@ def _failing(fn) -> dict:
     try:
         fn()
     except CollectiveFailed as err:
-        out = {"message": err.collective_log, "seconds": time.monotonic() - t0, "text": str(err)}
+        out = {"message": err.collective_log, "seconds": time.monotonic() - t0, "text": str(err), "pid": os.getpid()}
         dist.distributed_c10d._get_default_store().set(RELEASED, b"1")
         return out
-    return {"message": None, "seconds": time.monotonic() - t0, "text": ""}
+    return {"message": None, "seconds": time.monotonic() - t0, "text": "", "pid": os.getpid()}
 
 
 def _idle() -> dict:
     """A rank that is done and stays alive: it posts, then waits (with a deadline) for the failing rank's report."""
     collective_log.post_all("finished")
     dist.distributed_c10d._get_default_store().wait([RELEASED], timedelta(seconds=30))
-    return {"message": None, "seconds": 0.0, "text": ""}
+    return {"message": None, "seconds": 0.0, "text": "", "pid": os.getpid()}
 
 
 def uneven_batches(rank, world_size, front_end):
@@ -69,7 +70,7 @@ def uneven_batches(rank, world_size, front_end):
     model = build(front_end)
     step(model)
     if rank != 0:
-        return {"message": None, "seconds": 0.0, "text": ""}
+        return {"message": None, "seconds": 0.0, "text": "", "pid": os.getpid()}
     return _failing(lambda: step(model))
 
 

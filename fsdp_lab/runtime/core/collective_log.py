@@ -247,13 +247,13 @@ def details(snaps: dict) -> str:
     return "\n".join(lines)
 
 
-def on_failure(log: Optional[CollectiveLog]) -> str:
-    """A collective of `log` failed: post, gather the peers' posts, return the report ("" without a log)."""
+def on_failure(log: Optional[CollectiveLog]) -> tuple[str, str]:
+    """A collective of `log` failed: post, gather the peers' posts, return (the report, each rank's last records)."""
     if log is None:
-        return ""
+        return "", ""
     store = _store()
     post(log, "failed", store=store)
     log.failed_at = log.seq
     snaps = gather(log, store=store)
     snaps[log.rank] = log.snapshot("failed")
-    return report(snaps)
+    return report(snaps), details(snaps)

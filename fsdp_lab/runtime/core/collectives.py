@@ -71,10 +71,11 @@ def _issue(call: Collective, unit: str, logged, collective, *args, **kwargs):
     except RuntimeError as err:
         last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
         of = f" of unit '{unit}'" if unit else ""
-        seen = collective_log.on_failure(logged[0]) if logged is not None else ""
+        seen, records = collective_log.on_failure(logged[0]) if logged is not None else ("", "")
+        log_lines = f"\ncollective log: {seen}\n{records}" if seen else ""
         failed = CollectiveFailed(
             f"FSDP {call.kind}{of} ({call.numel:,} {call.dtype} elements, {call.world_size} ranks) did not "
-            f"complete.{chr(10) + 'collective log: ' + seen if seen else ''}\nEvery rank must run the same FSDP "
+            f"complete.{log_lines}\nEvery rank must run the same FSDP "
             f"units in the same order: a unit that runs on some ranks only (a data-dependent branch), a forward or "
             f"backward skipped on one rank, or a rank that died leaves the others waiting until the process "
             f"group's timeout.\n{last}")
