@@ -247,13 +247,16 @@ def details(snaps: dict) -> str:
     return "\n".join(lines)
 
 
-def on_failure(log: Optional[CollectiveLog]) -> tuple[str, str]:
-    """A collective of `log` failed: post, gather the peers' posts, return (the report, each rank's last records)."""
+def on_failure(log: Optional[CollectiveLog]) -> tuple[str, str, bool]:
+    """A collective of `log` failed: post, gather the peers' posts, return (the report, each rank's last records,
+    whether this rank is the lowest that failed: the one that prints the report where every rank's output is
+    shown, so it is printed once)."""
     if log is None:
-        return "", ""
+        return "", "", False
     store = _store()
     post(log, "failed", store=store)
     log.failed_at = log.seq
     snaps = gather(log, store=store)
     snaps[log.rank] = log.snapshot("failed")
-    return report(snaps), details(snaps)
+    first = min(r for r, s in snaps.items() if s is not None and s["status"] == "failed")
+    return report(snaps), details(snaps), first == log.rank

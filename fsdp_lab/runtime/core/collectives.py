@@ -71,7 +71,7 @@ def _issue(call: Collective, unit: str, logged, collective, *args, **kwargs):
     except RuntimeError as err:
         last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
         of = f" of unit '{unit}'" if unit else ""
-        seen, records = collective_log.on_failure(logged[0]) if logged is not None else ("", "")
+        seen, records, first = collective_log.on_failure(logged[0]) if logged is not None else ("", "", False)
         log_lines = f"\ncollective log: {seen}\n{records}" if seen else ""
         failed = CollectiveFailed(
             f"FSDP {call.kind}{of} ({call.numel:,} {call.dtype} elements, {call.world_size} ranks) did not "
@@ -79,7 +79,7 @@ def _issue(call: Collective, unit: str, logged, collective, *args, **kwargs):
             f"units in the same order: a unit that runs on some ranks only (a data-dependent branch), a forward or "
             f"backward skipped on one rank, or a rank that died leaves the others waiting until the process "
             f"group's timeout.\n{last}")
-        failed.collective_log = seen
+        failed.collective_log, failed.prints_collective_log = seen, first
         raise failed from err
     if logged is not None and not kwargs.get("async_op"):
         logged[1][STATE] = DONE
