@@ -348,6 +348,18 @@ def _is_collective_error(err: BaseException) -> bool:
         s in text for s in ("gloo", "NCCL", "nccl", "Connection", "Timed out", "timed out", "peer", "Socket"))
 
 
+def _print_collective_log(err: BaseException) -> None:
+    """The collective log's report of where every rank was (fsdp_lab/runtime/core/collective_log.py), printed by
+    the lowest rank that failed, so the job shows it once."""
+    while err is not None and not getattr(err, "collective_log", ""):
+        err = err.__cause__ or err.__context__
+    if err is not None and getattr(err, "prints_collective_log", False):
+        try:
+            print(f"collective log: {err.collective_log}", file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+
 def _exit(code: int, message: str | None) -> None:
     """Leave now: a rank whose peers are gone could hang in destroy_process_group or in atexit handlers."""
     for stream, text in ((sys.stderr, message), (sys.stdout, None)):
@@ -387,9 +399,16 @@ def worker_entry(argv: list[str]) -> int:
     if cfg.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % max(1, torch.cuda.device_count()))
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if cfg.device == "cuda" else "gloo")
+    from fsdp_lab.runtime.core import collective_log
+
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
-        train(rank, world_size, cfg)
+        try:
+            train(rank, world_size, cfg)
+        except BaseException as err:  # peers still waiting name this rank by its last collective
+            collective_log.post_all("raised", type(err).__name__)
+            raise
+        collective_log.post_all("finished")
     except CheckpointError as err:  # an error every rank raised is printed once, by rank 0
         _exit(ExitCode.CHECKPOINT, f"[rank {rank}] checkpoint error: {err}" if rank == 0 or not err.every_rank
               else None)
@@ -401,6 +420,7 @@ def worker_entry(argv: list[str]) -> int:
         where = f" in step {err.fsdp_lab_step}" if getattr(err, "fsdp_lab_step", None) else ""
         if _is_collective_error(err):
             first = (str(err).strip().splitlines() or [""])[-1]
+            _print_collective_log(err)
             if "timed out" in str(err).lower():
                 _exit(RANK_COLLECTIVE_TIMEOUT, f"[rank {rank}] a collective timed out{where}: a peer did not "
                                                f"answer within --timeout {cfg.timeout:g} s ({first})")

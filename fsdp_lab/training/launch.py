@@ -114,8 +114,15 @@ def _worker(fn, rank, world_size, port, backend, collective_timeout_s, threads, 
         set_rank_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=collective_timeout_s))
+        from fsdp_lab.runtime.core import collective_log
+
         try:
             out = fn(rank, world_size, *args)
+        except BaseException as err:  # peers waiting on this rank name it by its last collective
+            collective_log.post_all("raised", type(err).__name__)
+            raise
+        else:
+            collective_log.post_all("finished")
         finally:
             dist.destroy_process_group()
         # Plain pickle bytes: torch's queue would share tensors by file descriptor, gone once the rank exits.

@@ -34,6 +34,14 @@ class ExitRefused:
                            f"keep running: stop them from the kernel with live_ranks.stop()")
 
 
+def post_finished() -> None:
+    """After a cell: post this rank's collective log as finished, so a peer stuck in a later collective names this
+    rank by its last one ([Note: reporting through the store] in fsdp_lab/runtime/core/collective_log.py)."""
+    from fsdp_lab.runtime.core import collective_log
+
+    collective_log.post_all("finished")
+
+
 def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: int, stack_file: str,
          threads: int = 1) -> dict:
     """Join the gloo group as `rank`; return what the kernel needs to watch this engine (its pid)."""

@@ -7,7 +7,8 @@
     ranks.stop()                      # nothing left running
 
 Every wait has a deadline: start-up (`start_timeout_s`), each cell (`timeout_s`), the group's collectives
-(`group_timeout_s`). A rank that raises is reported with its traceback and the others keep their state. A rank
+(`group_timeout_s`, 10 s: a collective that hangs in a cell fails that soon, with the collective log's report of
+where every rank was, fsdp_lab/runtime/core/collective_log.py; each engine posts its log after every cell). A rank that raises is reported with its traceback and the others keep their state. A rank
 that dies, or is still running at the deadline, breaks the group ([Note: one process group per engine lifetime]
 in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
 on), and every later cell refuses to run until `restart()`. A dead engine or controller found before a cell is named
@@ -236,6 +237,8 @@ class Ranks:
                                                f"cell")
                 elif ar.ready():
                     done[r] = self._finished(r, ar)
+                    # queued behind the cell, not waited for: the engine posts its collective log once it is idle
+                    self._client[self._engine_ids[r]].apply_async(engine.post_finished)
                 else:
                     continue
                 del pending[r]

@@ -11,6 +11,10 @@ Each returns a `Collective` saying what it moved (kind, element count, dtype, wo
 unit hands to an attached tracer with the event; the tracer turns it into bytes ([Note: ring byte counts] in
 fsdp_lab/observe/traffic.py). World size 1 skips the communication.
 
+Each collective issued is recorded first in its group's collective log (fsdp_lab/runtime/core/collective_log.py),
+with the unit and the phase (forward, backward, state_dict, ...) the caller names, and marked done after; a
+failure is reported with every rank's last records ([Note: reporting through the store] there).
+
 [Note: dividing by N without overflow] gloo has no AVG for reduce-scatter, so the mean is a sum divided by N.
 In float16 (largest value 65504) the sum of N large gradients can overflow before the division. As torch FSDP2
 does, float16 gradients are divided by a power of two `pre` (about √N) before the sum and by N/pre after it.
@@ -26,6 +30,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from fsdp_lab.runtime.core import collective_log
+from fsdp_lab.runtime.core.collective_log import DONE, STATE, WAITED
 
 
 @dataclass(frozen=True)
@@ -47,20 +54,36 @@ class CollectiveFailed(getattr(dist, "DistError", RuntimeError)):
     errors are, so code that catches those still does."""
 
 
-def _issue(call: Collective, unit: str, collective, *args, **kwargs):
-    """Run `collective(*args, **kwargs)` (or a Work's wait), turning the backend's error into CollectiveFailed."""
+def _logged(pg, kind: str, unit: str, phase: str, tensor: torch.Tensor):
+    """(the group's log, this collective's record in it), or None outside torch.distributed."""
+    log = collective_log.log_of(pg)
+    return None if log is None else (log, log.issue(kind, unit, phase, tensor.shape, tensor.dtype, tensor.numel()))
+
+
+def _issue(call: Collective, unit: str, logged, collective, *args, **kwargs):
+    """Run `collective(*args, **kwargs)` (or a Work's wait), turning the backend's error into CollectiveFailed
+    with the collective log's report; `logged` is (log, record) from `_logged`, marked done unless the call returns
+    a Work (async_op=True: PendingCollective marks it at the wait)."""
     try:
-        return collective(*args, **kwargs)
+        out = collective(*args, **kwargs)
     except torch.OutOfMemoryError:
         raise  # a loop that catches OOM must still see one
     except RuntimeError as err:
         last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
         of = f" of unit '{unit}'" if unit else ""
-        raise CollectiveFailed(
+        seen, records, first = collective_log.on_failure(logged[0]) if logged is not None else ("", "", False)
+        log_lines = f"\ncollective log: {seen}\n{records}" if seen else ""
+        failed = CollectiveFailed(
             f"FSDP {call.kind}{of} ({call.numel:,} {call.dtype} elements, {call.world_size} ranks) did not "
-            f"complete. Every rank must run the same FSDP units in the same order: a unit that runs on some ranks "
-            f"only (a data-dependent branch), a forward or backward skipped on one rank, or a rank that died "
-            f"leaves the others waiting until the process group's timeout.\n{last}") from err
+            f"complete.{log_lines}\nEvery rank must run the same FSDP "
+            f"units in the same order: a unit that runs on some ranks only (a data-dependent branch), a forward or "
+            f"backward skipped on one rank, or a rank that died leaves the others waiting until the process "
+            f"group's timeout.\n{last}")
+        failed.collective_log, failed.prints_collective_log = seen, first
+        raise failed from err
+    if logged is not None and not kwargs.get("async_op"):
+        logged[1][STATE] = DONE
+    return out
 
 
 # torch 2.13 renamed the flat collectives (the old names still work but warn); torch 2.11 has only the old ones.
@@ -87,8 +110,9 @@ class PendingCollective:
     CPU] in fsdp_lab/runtime/core/streams.py): `wait()` blocks until it is done (a failure raises CollectiveFailed
     then), then runs `then` (the copy-out). It keeps the tensors the backend reads and writes alive until then."""
 
-    def __init__(self, call: Collective, unit: str, work, keep: tuple, then=None):
+    def __init__(self, call: Collective, unit: str, work, keep: tuple, then=None, logged=None):
         self.call, self.unit, self._work, self._keep, self.then = call, unit, work, keep, then
+        self.logged = logged  # (log, record): [Note: a ring per process group] in collective_log.py
 
     @property
     def done(self) -> bool:
@@ -98,7 +122,9 @@ class PendingCollective:
         if self._work is None:
             return
         work, self._work = self._work, None
-        _issue(self.call, self.unit, work.wait)
+        if self.logged is not None:
+            self.logged[1][STATE] = WAITED
+        _issue(self.call, self.unit, self.logged, work.wait)
         self._keep = ()
         if self.then is not None:
             then, self.then = self.then, None
@@ -106,17 +132,18 @@ class PendingCollective:
 
 
 def all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int,
-                    unit: str = "", group: tuple = ("shard", ()), comm=None) -> Collective:
+                    unit: str = "", group: tuple = ("shard", ()), comm=None, phase: str = "") -> Collective:
     """Fill `output` (length N·len(shard)) with every rank's shard. `shard` must not alias `output`, except at
     world size 1, where it may be `output`'s memory itself (a layout that packed it there): then nothing moves.
     `unit` names the FSDP unit in the error a failed collective raises; `group` is (label, ranks) of `pg`, for the
-    trace."""
-    call, _ = start_all_gather_flat(output, shard, pg, world_size, unit, group, async_op=False, comm=comm)
+    trace; `phase` (forward, backward, state_dict, ...) goes with `unit` into the collective log."""
+    call, _ = start_all_gather_flat(output, shard, pg, world_size, unit, group, async_op=False, comm=comm,
+                                    phase=phase)
     return call
 
 
 def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_size: int, unit: str = "",
-                          group: tuple = ("shard", ()), async_op: bool = True, comm=None
+                          group: tuple = ("shard", ()), async_op: bool = True, comm=None, phase: str = ""
                           ) -> tuple[Collective, "PendingCollective | None"]:
     """all_gather_flat, issued and not waited for (async_op=True and world size > 1): `output` is filled once
     the returned PendingCollective is waited for (None: it already is). `comm`: the user's all-gather
@@ -130,13 +157,17 @@ def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_s
             output.copy_(shard)  # copy_ casts as it copies
         return call, None
     send = shard if shard.dtype == output.dtype else shard.to(output.dtype)
+    logged = _logged(pg, "all_gather", unit, phase, output)
     if comm is not None:
-        work = _issue(call, unit, comm, output_tensor=output, input_tensor=send, group=pg, async_op=async_op)
+        work = _issue(call, unit, logged, comm, output_tensor=output, input_tensor=send, group=pg,
+                      async_op=async_op)
     else:
-        work = _issue(call, unit, _all_gather, output, send, group=pg, async_op=async_op)
+        work = _issue(call, unit, logged, _all_gather, output, send, group=pg, async_op=async_op)
     if not async_op or work is None:
+        if logged is not None:
+            logged[1][STATE] = DONE
         return call, None
-    return call, PendingCollective(call, unit, work, keep=(output, send))
+    return call, PendingCollective(call, unit, work, keep=(output, send), logged=logged)
 
 
 # [Note: custom collectives] FSDPModule.set_custom_all_gather / set_custom_reduce_scatter hand in an object with
@@ -147,33 +178,34 @@ def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_s
 # and output) and for the collective itself; world size 1 calls neither collective. What it returns when issued
 # with async_op=True is waited for like a torch Work; None means it already completed.
 def reduce_scatter_sum(send: torch.Tensor, pg, world_size: int, unit: str = "", group: tuple = ("shard", ()),
-                       comm=None) -> tuple[Collective, torch.Tensor]:
+                       comm=None, phase: str = "backward") -> tuple[Collective, torch.Tensor]:
     """This rank's chunk of the sum over ranks of every rank's `send` (N·chunk elements, already in the reduce
     dtype). At world size 1 the chunk is `send` itself. `comm`: [Note: custom collectives]."""
     call = Collective("reduce_scatter", send.numel(), send.dtype, world_size, *group)
     if world_size == 1:
         return call, send
     shape, kw = (send.numel() // world_size,), {"dtype": send.dtype, "device": send.device}
+    logged = _logged(pg, "reduce_scatter", unit, phase, send)
     if comm is None:
         out = torch.empty(shape, **kw)
-        _issue(call, unit, _reduce_scatter, out, send, op=dist.ReduceOp.SUM, group=pg)
+        _issue(call, unit, logged, _reduce_scatter, out, send, op=dist.ReduceOp.SUM, group=pg)
         return call, out
     staged = comm.allocate(send.shape, **kw)
     staged.copy_(send)
     out = comm.allocate(shape, **kw)
-    work = _issue(call, unit, comm, output_tensor=out, input_tensor=staged, group=pg, op=dist.ReduceOp.SUM,
-                  async_op=False)
+    work = _issue(call, unit, logged, comm, output_tensor=out, input_tensor=staged, group=pg,
+                  op=dist.ReduceOp.SUM, async_op=False)
     if work is not None:
-        _issue(call, unit, work.wait)
+        _issue(call, unit, logged, work.wait)
     return call, out
 
 
-def all_reduce_sum(buf: torch.Tensor, pg, world_size: int, unit: str = "", group: tuple = ("shard", ())
-                   ) -> tuple[Collective, torch.Tensor]:
-    """The sum over ranks, in place on `buf`."""
+def all_reduce_sum(buf: torch.Tensor, pg, world_size: int, unit: str = "", group: tuple = ("shard", ()),
+                   phase: str = "backward", op=dist.ReduceOp.SUM) -> tuple[Collective, torch.Tensor]:
+    """The sum over ranks (or `op`: MAX for a flag any rank may raise), in place on `buf`."""
     call = Collective("all_reduce", buf.numel(), buf.dtype, world_size, *group)
     if world_size > 1:
-        _issue(call, unit, dist.all_reduce, buf, op=dist.ReduceOp.SUM, group=pg)
+        _issue(call, unit, _logged(pg, "all_reduce", unit, phase, buf), dist.all_reduce, buf, op=op, group=pg)
     return call, buf
 
 

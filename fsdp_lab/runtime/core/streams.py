@@ -269,14 +269,14 @@ class FreeQueue:
 
 
 # -- gather ----------------------------------------------------------------------------------------------------
-def refresh_replica(ctx, flat) -> Optional[Collective]:
+def refresh_replica(ctx, flat, phase: str = "forward") -> Optional[Collective]:
     """ZERO1: all-gather every rank's shard into the replica, once per epoch ([Note: ZeRO-1 replicas])."""
     if flat.replica_epoch == ctx.param_epoch:
         return None
     flat.replica_epoch = ctx.param_epoch
     # The shard is normally a window onto the replica: gather from a copy, never from the output itself.
     return all_gather_flat(flat.replica.data, flat.shard.detach().clone(), ctx.pg, ctx.world_size,
-                           flat.unit_name, ctx.shard_tag)
+                           flat.unit_name, ctx.shard_tag, phase=phase)
 
 
 # [Note: a prefetch on CPU] On CPU there are no streams, so a collective can only overlap compute if the host
@@ -287,11 +287,13 @@ def refresh_replica(ctx, flat) -> Optional[Collective]:
 # gather is issued, as on a GPU, so memory reports and the trace (gather_start at the issue, gather_end at the
 # wait) read as before. A gather that is waited for at once, every reduce-scatter and every all-reduce stay
 # synchronous. A failure shows at the wait, as CollectiveFailed naming the unit.
-def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, Optional[Collective]]:
+def gather_flat_param(ctx, flat, group=None, ahead: bool = False, phase: str = "forward"
+                      ) -> tuple[Any, Optional[Collective]]:
     """Issue one flat's gather into its unsharded buffer on the gather stream; with `group`, from the shards kept
     after forward, within that group (fsdp_lab/runtime/fsdp2/post_forward.py). Returns (event, what moved): the
     buffer is usable once the compute stream waited for the event (`CommStreams.compute_waits`). ahead=True: a
-    prefetch, which on CPU is not waited for here ([Note: a prefetch on CPU])."""
+    prefetch, which on CPU is not waited for here ([Note: a prefetch on CPU]). `phase` goes into the collective
+    log."""
     strategy, streams = ctx.strategy, ctx.streams
     with torch.no_grad(), streams.side("gather"):
         full = None
@@ -304,7 +306,7 @@ def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, 
             if full is not None:
                 full.copy_(flat.shard.detach())
         elif strategy is ShardingStrategy.ZERO1:
-            comm = refresh_replica(ctx, flat)
+            comm = refresh_replica(ctx, flat, phase)
             if full is not None:
                 full.copy_(flat.replica.data)
         elif group is not None:  # reshard_after_forward=int ([Note: the post-forward shard])
@@ -314,13 +316,14 @@ def gather_flat_param(ctx, flat, group=None, ahead: bool = False) -> tuple[Any, 
             output = flat.gather_output(full)
             if ahead and not streams.enabled:
                 comm, pending = start_all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size,
-                                                      flat.unit_name, ctx.shard_tag, comm=flat.all_gather_comm)
+                                                      flat.unit_name, ctx.shard_tag, comm=flat.all_gather_comm,
+                                                      phase=phase)
                 if pending is not None:
                     pending.then = lambda: _copy_out(flat, output, full)
                     return pending, comm
             else:
                 comm = all_gather_flat(output, flat.copy_in(), ctx.pg, ctx.world_size, flat.unit_name,
-                                       ctx.shard_tag, comm=flat.all_gather_comm)
+                                       ctx.shard_tag, comm=flat.all_gather_comm, phase=phase)
             flat.copy_out(output, full)
         return streams.record("gather"), comm
 

@@ -146,7 +146,7 @@ class Unit:
         calls = []
         with label(f"fsdp_lab::{event} {self.name}"):
             for flat in self.flats:
-                gathered, comm = gather_flat_param(self.ctx, flat, group, ahead=not wait)
+                gathered, comm = gather_flat_param(self.ctx, flat, group, ahead=not wait, phase=phase)
                 self._pending.append(gathered)
                 if comm is not None:
                     calls.append(comm)

@@ -13,6 +13,7 @@ import functools
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.runtime.core.collectives import all_reduce_sum
 from fsdp_lab.runtime.core.misuse import FLAT_OF
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
 
@@ -48,7 +49,7 @@ def clip_grad_norm_(model, max_norm: float, norm_type: float = 2.0) -> torch.Ten
     total = _local_norm_term(sharded, norm_type, ctx.device).to(ctx.device)
     if ctx.strategy is not ShardingStrategy.NO_SHARD:
         op = dist.ReduceOp.MAX if norm_type == float("inf") else dist.ReduceOp.SUM
-        dist.all_reduce(total, op=op, group=ctx.pg)
+        all_reduce_sum(total, ctx.pg, ctx.world_size, "<root>", ctx.shard_tag, "clip_grad_norm_", op)
     if local:
         term = _local_norm_term(local, norm_type, ctx.device)
         total = torch.maximum(total, term) if norm_type == float("inf") else total + term

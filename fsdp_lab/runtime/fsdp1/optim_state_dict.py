@@ -137,7 +137,7 @@ def _gather(ctx, flat, mine: torch.Tensor) -> torch.Tensor:
     if flat.shard_numel == flat.padded_numel:
         return mine
     full = torch.empty(flat.padded_numel, dtype=mine.dtype, device=mine.device)
-    all_gather_flat(full, mine, ctx.pg, ctx.world_size, flat.unit_name)
+    all_gather_flat(full, mine, ctx.pg, ctx.world_size, flat.unit_name, ctx.shard_tag, phase="optim_state_dict")
     return full
 
 

@@ -151,7 +151,7 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
 
     def gather(unit, restore, _module, _prefix, _keep_vars):
         for flat in unit.flats:
-            full = gather_master(unit, flat)
+            full = gather_master(unit, flat, "state_dict")
             if full.data_ptr() == flat.shard.data_ptr():  # NO_SHARD's master is the live parameter: copy it
                 full = full.clone()
             restore.append((flat, register_full_params(unit, flat, full)))

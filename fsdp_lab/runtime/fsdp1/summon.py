@@ -12,19 +12,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_lab.runtime.core.collectives import all_gather_flat
+from fsdp_lab.runtime.core.collectives import all_gather_flat, all_reduce_sum
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
 from fsdp_lab.runtime.core.unit import UnitState
 
 
-def gather_master(unit, flat) -> torch.Tensor:
-    """The whole padded fp32 master of one flat, on every rank (collective)."""
+def gather_master(unit, flat, phase: str = "summon_full_params") -> torch.Tensor:
+    """The whole padded fp32 master of one flat, on every rank (collective); `phase` names the caller in the
+    collective log (fsdp_lab/runtime/core/collective_log.py)."""
     ctx = unit.ctx
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return flat.shard.data
     # On the compute device, where the collective runs (an offloaded shard is copied there first: offload.py)
     full = torch.empty(flat.padded_numel, dtype=flat.shard.dtype, device=flat.compute_device)
-    all_gather_flat(full, flat.shard.detach().to(flat.compute_device, copy=True), ctx.pg, ctx.world_size, unit.name)
+    all_gather_flat(full, flat.shard.detach().to(flat.compute_device, copy=True), ctx.pg, ctx.world_size, unit.name,
+                    ctx.shard_tag, phase=phase)
     return full
 
 
@@ -43,14 +45,13 @@ def gather_grad(unit, flat):
     if ctx.strategy is ShardingStrategy.NO_SHARD:
         return grad  # all-reduced: the same whole gradient on every rank
     anyone = torch.tensor([float(grad is not None)], device=flat.compute_device)
-    if ctx.world_size > 1:
-        dist.all_reduce(anyone, op=dist.ReduceOp.MAX, group=ctx.pg)
+    all_reduce_sum(anyone, ctx.pg, ctx.world_size, unit.name, ctx.shard_tag, "summon_full_params", dist.ReduceOp.MAX)
     if not anyone.item():
         return None
     local = grad.detach().to(flat.compute_device, copy=True) if grad is not None else \
         torch.zeros_like(flat.shard, device=flat.compute_device)
     full = torch.empty(flat.padded_numel, dtype=local.dtype, device=local.device)
-    all_gather_flat(full, local, ctx.pg, ctx.world_size, unit.name)
+    all_gather_flat(full, local, ctx.pg, ctx.world_size, unit.name, ctx.shard_tag, phase="summon_full_params")
     return full
 
 
