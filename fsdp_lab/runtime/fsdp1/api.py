@@ -80,7 +80,6 @@ class FSDP(nn.Module):
                           "use_orig_params": bool(use_orig_params),
                           "cpu_offload": bool(getattr(cpu_offload, "offload_params", False))}
         self.__dict__["_root"] = self  # [Note: one FSDP instance per unit] in nesting.py
-        self._in_forward = False  # the root's forward is running: a wrapper's forward is legal
         nested_units, nested_objects = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
@@ -169,25 +168,12 @@ class FSDP(nn.Module):
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
-        if self._root is not self:  # a unit's wrapper: its module's hooks run the unit
-            if not self._root._in_forward:
-                self._refuse_direct_call()
+        if self._root is not self:  # a unit's instance: its module's hooks run the unit ([Note: one FSDP ...])
             return self._fsdp_wrapped_module(*args, **kwargs)
         args, kwargs = self._before_forward(args, kwargs)
-        self._in_forward = True
-        try:
-            output = self._fsdp_wrapped_module(*args, **kwargs)
-        finally:
-            self._in_forward = False
+        output = self._fsdp_wrapped_module(*args, **kwargs)
         self._after_forward()
         return output
-
-    def _refuse_direct_call(self) -> None:
-        """An inner instance runs inside its root's forward, or in backward (activation checkpointing's
-        recomputation), never on its own: its units' iteration is the root's."""
-        if not self._ctx.in_backward and torch._C._current_graph_task_id() == -1:
-            raise RuntimeError("this FSDP is nested into another FSDP (the root), which runs its units: call the "
-                               "root, not the inner instance")
 
     @torch._disable_dynamo
     def _before_forward(self, args, kwargs):
@@ -311,13 +297,18 @@ class FSDP(nn.Module):
         return clip_grad_norm_(self, max_norm, norm_type)
 
     def named_parameters(self, *args, **kwargs):
+        """As torch FSDP1's: the `_fsdp_wrapped_module.` levels are in the names, except while this instance is
+        summoned (summon_full_params), when the names are the plain module's."""
         refuse_dcp_optimizer_state(sys._getframe(1))
+        clean = self._units[-1].summoned if self._units else False  # its own unit is the last
         for name, param in super().named_parameters(*args, **kwargs):
-            yield name.replace(_PREFIX, ""), param
+            yield (name.replace(_PREFIX, "") if clean else name), param
 
     def named_buffers(self, *args, **kwargs):
+        """As torch FSDP1's (and as named_parameters): plain names while this instance is summoned."""
+        clean = self._units[-1].summoned if self._units else False
         for name, buf in super().named_buffers(*args, **kwargs):
-            yield name.replace(_PREFIX, ""), buf
+            yield (name.replace(_PREFIX, "") if clean else name), buf
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict, original names
