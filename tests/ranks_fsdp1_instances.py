@@ -10,6 +10,7 @@ from torch import nn
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 
 STEPS = 3
+WRAPPED = "_fsdp_wrapped_module."
 
 
 class Stage(nn.Module):
@@ -95,8 +96,11 @@ def structure(lib: str, model, originals) -> dict:
         "is_root": [m.check_is_root() for m in instances],
         "named_modules": [(n, type(m).__name__.replace("FullyShardedDataParallel", "FSDP"))
                           for n, m in model.named_modules()],
-        "named_parameters": [n for n, _ in model.named_parameters()],
-        "inner_named_parameters": [[n for n, _ in m.named_parameters()] for m in instances[1:]],
+        # torch keeps the _fsdp_wrapped_module levels outside summon_full_params, fsdp_lab strips them
+        # ([Note: one FSDP instance per unit]): compared level-free, and what fsdp_lab gives is level-free
+        "named_parameters": [n.replace(WRAPPED, "") for n, _ in model.named_parameters()],
+        "inner_named_parameters": [[n.replace(WRAPPED, "") for n, _ in m.named_parameters()] for m in instances[1:]],
+        "raw_parameter_names": [n for n, _ in nn.Module.named_parameters(model)],
         "layer_types": [type(layer).__name__.replace("FullyShardedDataParallel", "FSDP")
                         for layer in model.module.layers],
     }

@@ -297,18 +297,16 @@ class FSDP(nn.Module):
         return clip_grad_norm_(self, max_norm, norm_type)
 
     def named_parameters(self, *args, **kwargs):
-        """As torch FSDP1's: the `_fsdp_wrapped_module.` levels are in the names, except while this instance is
-        summoned (summon_full_params), when the names are the plain module's."""
+        """The plain module's names (every `_fsdp_wrapped_module.` level stripped), inside summon_full_params and
+        outside it. torch FSDP1 strips them only inside summon_full_params; here names are stable, so optimizer
+        groups and checks built by name read the same whether summoned or not."""
         refuse_dcp_optimizer_state(sys._getframe(1))
-        clean = self._units[-1].summoned if self._units else False  # its own unit is the last
         for name, param in super().named_parameters(*args, **kwargs):
-            yield (name.replace(_PREFIX, "") if clean else name), param
+            yield name.replace(_PREFIX, ""), param
 
     def named_buffers(self, *args, **kwargs):
-        """As torch FSDP1's (and as named_parameters): plain names while this instance is summoned."""
-        clean = self._units[-1].summoned if self._units else False
         for name, buf in super().named_buffers(*args, **kwargs):
-            yield (name.replace(_PREFIX, "") if clean else name), buf
+            yield name.replace(_PREFIX, ""), buf
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict, original names

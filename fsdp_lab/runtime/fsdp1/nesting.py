@@ -17,9 +17,13 @@ between such a wrapper and the core is four attributes, all set here and nowhere
   `_fsdp_wrapped_module` levels torch shows, and `.module` is the original submodule.
 
 A wrapper's forward only calls its module (whose hooks run the unit), so the hot path gains one nn.Module call
-per unit, which torch's instances cost too. The names users see are torch's: `named_parameters()` strips every
-`_fsdp_wrapped_module.`, the state dict walks straight through a wrapper (its `state_dict` hands the walk to its
-module with the same prefix), and a load pre-hook on each wrapper puts the level back into the keys it loads.
+per unit, which torch's instances cost too. The names users see are torch's: `named_modules()` shows the
+`_fsdp_wrapped_module.` levels; `named_parameters()` strips them (torch strips them only while summoned: the
+one difference, kept so that names built before and during a summon agree); the state dict walks straight
+through a wrapper (its `state_dict` hands the walk to its module with the same prefix), so its keys are the plain
+module's; and a load pre-hook on each wrapper puts the level back into the keys it loads, as torch's does.
+FSDP(FSDP(block)) itself (an FSDP given directly to FSDP) is still refused: only FSDP instances inside the module
+are taken over.
 
 [Note: nested FSDP] FSDP1 scripts often wrap by hand. Each root FSDP found inside the module being wrapped is
 taken apart first: its module gets its original parameters back (gathered from the shards), its hooks are
