@@ -356,7 +356,7 @@ class FSDP(nn.Module):
 
     @staticmethod
     def _one_root(module: nn.Module, what: str) -> "FSDP":
-        roots = [module] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
+        roots = [module._root] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
         if len(roots) != 1:
             raise ValueError(f"FSDP.{what}: {type(module).__name__} holds {len(roots)} root fsdp_lab.FSDP models; "
                              f"pass the one the optimizer trains")
