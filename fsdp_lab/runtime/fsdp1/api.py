@@ -168,10 +168,11 @@ class FSDP(nn.Module):
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        # _modules directly: nn.Module.__getattr__ (and ours over it) would cost a Python call per unit
         if self._root is not self:  # a unit's instance: its module's hooks run the unit ([Note: one FSDP ...])
-            return self._fsdp_wrapped_module(*args, **kwargs)
+            return self._modules[WRAPPED](*args, **kwargs)
         args, kwargs = self._before_forward(args, kwargs)
-        output = self._fsdp_wrapped_module(*args, **kwargs)
+        output = self._modules[WRAPPED](*args, **kwargs)
         self._after_forward()
         return output
 
