@@ -224,7 +224,10 @@ def different_models(rank, world_size):
 def fsdp_modules(rank, world_size):
     model = wrap(gpt())
     holder = nn.ModuleDict({"policy": model})
-    ours = [FSDP.fsdp_modules(model) == [model], FSDP.fsdp_modules(holder, root_only=True) == [model],
+    instances = FSDP.fsdp_modules(model)  # the root, then one instance per block (as torch lists them)
+    ours = [instances[0] is model and instances[1:] == list(model.module.blocks) and len(instances) > 1 and
+            all(type(m.module) is Block for m in instances[1:]),
+            FSDP.fsdp_modules(holder, root_only=True) == [model],
             FSDP.fsdp_modules(nn.Linear(2, 2)) == []]
     return ours
 

@@ -222,7 +222,8 @@ def failed_forward(run: Run):
     model = run.wrap(net)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = _train(run, model, opt, steps=[0])
-    net.blocks[1].fail_next_forward = True
+    block = net.blocks[1]  # under FSDP1, the unit's FSDP instance: the flag goes on the block it wraps
+    (block.module if isinstance(block, FSDP) else block).fail_next_forward = True
     caught = None
     try:
         model(*run.local(1))

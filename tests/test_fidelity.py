@@ -101,7 +101,7 @@ def test_fsdp_modules(ranks):
 def test_summon_full_params_takes_torchs_arguments_in_torchs_order(ranks):
     got = facts(ranks, "summon_options")
     assert "ln_f.weight" in got["recurse_false_names"] and "wte.weight" in got["recurse_false_names"]
-    assert "blocks.0._fsdp_flat_param" in got["recurse_false_names"], "recurse=False leaves the blocks sharded"
+    assert "blocks.0._flat_param" in got["recurse_false_names"], "recurse=False leaves the blocks sharded"
     assert got["block_inside"] == "ShardedAttribute"
     assert got["written_back"], "summon_full_params(model, False) is recurse=False: writeback stays True"
     assert got["forward_in_root_summon"] and got["root_still_full"] == (256, 64)

@@ -56,7 +56,7 @@ class CheckpointedForward:
 
 def _display(name: str) -> str:
     """A submodule's name as the user wrote it (an FSDP model's names carry the wrapper's prefix)."""
-    return name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "") or "<root>"
+    return ".".join(part for part in name.split(".") if part != "_fsdp_wrapped_module") or "<root>"
 
 
 def is_checkpointed(module: nn.Module) -> bool:

@@ -31,7 +31,7 @@ from fsdp_lab.runtime.fsdp1 import optim_state_dict as optim_state
 from fsdp_lab.runtime.fsdp1.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.fsdp1.flat_param import FlatParam, check_flat_dtypes
 from fsdp_lab.runtime.fsdp1.grad_norm import clip_grad_norm_
-from fsdp_lab.runtime.fsdp1.nesting import take_over_nested
+from fsdp_lab.runtime.fsdp1.nesting import WRAPPED, install_unit_wrappers, set_seam, take_over_nested
 from fsdp_lab.runtime.fsdp1.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                                  refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.fsdp1.partition import partition_params
@@ -40,7 +40,7 @@ from fsdp_lab.runtime.fsdp1.state_dict import (DEFAULT_SETTINGS, StateDictSettin
 from fsdp_lab.runtime.fsdp1.summon import flat_param_name, summon_full_params
 from fsdp_lab.runtime.fsdp1.wrap import select_units
 
-_PREFIX = "_fsdp_wrapped_module."
+_PREFIX = WRAPPED + "."
 
 
 class FSDP(nn.Module):
@@ -79,8 +79,8 @@ class FSDP(nn.Module):
                           "forward_prefetch": bool(forward_prefetch), "limit_all_gathers": bool(limit_all_gathers),
                           "use_orig_params": bool(use_orig_params),
                           "cpu_offload": bool(getattr(cpu_offload, "offload_params", False))}
-        self._nested_into = None  # the outer FSDP, once one has taken this one's units over
-        nested_units = take_over_nested(self, module, FSDP)
+        self.__dict__["_root"] = self  # [Note: one FSDP instance per unit] in nesting.py
+        nested_units, nested_objects = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
         self._placement = fsdp1_placement(cpu_offload, device)  # [Note: host and device] in offload.py
@@ -116,7 +116,8 @@ class FSDP(nn.Module):
             limit_all_gathers=bool(limit_all_gathers),
             on_backward_start=self._on_backward_start, **hybrid_state(groups))
         self._groups = groups
-        self._units = self._build_units(unit_params, unit_init)
+        set_seam(self, self, self._build_units(unit_params, unit_init))
+        install_unit_wrappers(self, FSDP, nested_objects)
         watch_optimizers(self)
 
     def _build_units(self, unit_params, unit_init: UnitInit) -> list[Unit]:
@@ -167,16 +168,16 @@ class FSDP(nn.Module):
 
     # -- forward / backward ------------------------------------------------------------------------------------
     def forward(self, *args, **kwargs):
+        # _modules directly: nn.Module.__getattr__ (and ours over it) would cost a Python call per unit
+        if self._root is not self:  # a unit's instance: its module's hooks run the unit ([Note: one FSDP ...])
+            return self._modules[WRAPPED](*args, **kwargs)
         args, kwargs = self._before_forward(args, kwargs)
-        output = self._fsdp_wrapped_module(*args, **kwargs)
+        output = self._modules[WRAPPED](*args, **kwargs)
         self._after_forward()
         return output
 
     @torch._disable_dynamo
     def _before_forward(self, args, kwargs):
-        if self._nested_into is not None:
-            raise RuntimeError("this FSDP was nested into another FSDP, which now runs its units: call the outer "
-                               "one")
         self._drop_abandoned_backward()
         check_requires_grad(self._units)
         policy = self._ctx.mixed_precision
@@ -192,7 +193,7 @@ class FSDP(nn.Module):
             self._reshard_all("forward")  # an earlier forward's backward stays pending: it re-gathers
 
     def _drop_abandoned_backward(self) -> None:
-        drop_abandoned_backward(self._ctx, self._units)  # [Note: per-iteration state is reset ...] in root.py
+        drop_abandoned_backward(self._ctx, self._root._units)  # [Note: per-iteration state is reset ...] in root.py
 
     def _on_backward_start(self) -> None:
         if not self._ctx.final_callback_queued:  # accumulate in the master's dtype, as torch does with
@@ -229,8 +230,9 @@ class FSDP(nn.Module):
             self._hide_freed_views()
 
     def _reshard_all(self, phase: str) -> None:
-        """Free every unit. A pending backward is kept: its units re-gather when it reaches them."""
-        for unit in self._units:
+        """Free every unit (of the whole model). A pending backward is kept: its units re-gather when it reaches
+        them."""
+        for unit in self._root._units:
             unit.free(phase)
         self._ctx.frees.drain()  # nothing held until the next forward ([Note: memory across streams])
         self._hide_freed_views()
@@ -238,7 +240,7 @@ class FSDP(nn.Module):
     def _hide_freed_views(self, *_hook_args) -> None:
         """Outside forward and backward, no view of a freed buffer is left on a module ([Note: an attribute while
         sharded] in flat_param.py)."""
-        for unit in self._units:
+        for unit in self._root._units:
             if unit.state is UnitState.SHARDED:
                 for flat in unit.flats:
                     flat.hide_freed_views()
@@ -247,6 +249,9 @@ class FSDP(nn.Module):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally (no communication) for the backwards run inside this context."""
+        if self._root is not self:
+            raise RuntimeError("no_sync() on inner FSDP instances is not supported (as in torch FSDP1): call "
+                               "no_sync() on the root FSDP module")
         previous = self._ctx.sync_gradients
         self._ctx.sync_gradients = False
         try:
@@ -276,24 +281,26 @@ class FSDP(nn.Module):
 
     @staticmethod
     def fsdp_modules(module: nn.Module, root_only: bool = False) -> list["FSDP"]:
-        """Every FSDP in `module`'s tree (`module` included), in module order; root_only: those inside no other.
-        A nested FSDP is taken over by the outer one ([Note: nested FSDP] in nesting.py): a wrapped tree lists
-        its root."""
+        """Every FSDP instance in `module`'s tree (`module` included), in module order, as torch lists them: the
+        root and one per unit ([Note: one FSDP instance per unit] in nesting.py); root_only: the roots."""
         found = [m for m in module.modules() if isinstance(m, FSDP)]
-        if not root_only:
-            return found
-        inner = {id(m) for outer in found for m in outer.module.modules() if isinstance(m, FSDP)}
-        return [m for m in found if id(m) not in inner]
+        return [m for m in found if m._root is m] if root_only else found
 
     def check_is_root(self) -> bool:
-        """True: an fsdp_lab.FSDP object always drives its whole model (nested ones are taken over)."""
-        return self._nested_into is None
+        """True for the root, False for the instance of a unit inside it."""
+        return self._root is self
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip by the global gradient norm (computed across all ranks' shards)."""
+        if self._root is not self:
+            raise RuntimeError("clip_grad_norm_() should only be called on the root FSDP instance (as in torch "
+                               "FSDP1)")
         return clip_grad_norm_(self, max_norm, norm_type)
 
     def named_parameters(self, *args, **kwargs):
+        """The plain module's names (every `_fsdp_wrapped_module.` level stripped), inside summon_full_params and
+        outside it. torch FSDP1 strips them only inside summon_full_params; here names are stable, so optimizer
+        groups and checks built by name read the same whether summoned or not."""
         refuse_dcp_optimizer_state(sys._getframe(1))
         for name, param in super().named_parameters(*args, **kwargs):
             yield name.replace(_PREFIX, ""), param
@@ -312,12 +319,19 @@ class FSDP(nn.Module):
         if args:
             raise ValueError("FSDP.state_dict() takes destination, prefix and keep_vars by name only (positional "
                              "arguments are deprecated in torch)")
+        if self._root is not self:  # the walk of the root's state_dict passes through ([Note: one FSDP ...])
+            if destination is None:
+                raise NotImplementedError("state_dict() of an inner FSDP instance is not supported by fsdp_lab: "
+                                          "call it on the root FSDP module (its keys are torch's)")
+            return self._fsdp_wrapped_module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
         return full_state_dict(self, self._state_dict_settings, destination, prefix)
 
     def apply(self, fn):
         """Collective, as in torch FSDP1: `fn` runs inside summon_full_params(writeback=True), so an init function
         written for the plain module (nn.init.kaiming_uniform_ on a 2-D weight) sees full parameters under their
         original names, and what it writes reaches every rank's shard."""
+        if any(u.summoned for u in self._units):  # inside the root's apply or a summon: already gathered
+            return super().apply(fn)
         with summon_full_params(self, writeback=True):
             return super().apply(fn)
 
@@ -343,7 +357,7 @@ class FSDP(nn.Module):
 
     @staticmethod
     def _one_root(module: nn.Module, what: str) -> "FSDP":
-        roots = [module] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
+        roots = [module._root] if isinstance(module, FSDP) else FSDP.fsdp_modules(module, root_only=True)
         if len(roots) != 1:
             raise ValueError(f"FSDP.{what}: {type(module).__name__} holds {len(roots)} root fsdp_lab.FSDP models; "
                              f"pass the one the optimizer trains")

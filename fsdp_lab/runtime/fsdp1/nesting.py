@@ -1,11 +1,38 @@
-"""FSDP1's manual nested wrap, FSDP(Net(blocks=[FSDP(b) for b in blocks])), on a runtime with one FSDP per model.
+"""One FSDP instance per unit, as torch FSDP1 nests them, over one set of Units; and the manual nested wrap,
+FSDP(Net(blocks=[FSDP(b) for b in blocks])).
 
-[Note: nested FSDP] FSDP1 scripts often wrap by hand. Each FSDP found inside the module being wrapped is taken
-apart: its module gets its original parameters back (gathered from the shards), its hooks are removed, it takes
-the FSDP's place in the tree, and every unit it had becomes a unit of the outer model, exactly as if the policy
-had picked it. Its options must equal the outer one's: this runtime has one set of options per model, so a
-different one would be silently ignored. Its old flat shards are marked replaced, so an optimizer built over the
-inner FSDP is caught at its first step ([Note: traps that train nothing] in misuse.py).
+[Note: one FSDP instance per unit] In torch FSDP1 every wrapped submodule is replaced in the tree by an FSDP
+instance whose `.module` is the submodule, and accelerate and Lightning walk them (`FSDP.fsdp_modules(model)`,
+`m.module`, `summon_full_params(m, recurse=False)`). Here the root FSDP object still builds and drives every
+Unit (one unit state machine, one FSDPState, the hooks on the unit modules themselves); once they are built,
+`install_unit_wrappers` puts an FSDP instance of the same class around each non-root unit's module. The seam
+between such a wrapper and the core is four attributes, all set here and nowhere else:
+
+- `_root`: the root FSDP object (the root's own `_root` is itself): root duties (the forward's start and end,
+  the end of backward, freeing every unit) always run on it; `check_is_root()` is `_root is self`;
+- `_ctx`: the root's FSDPState, shared;
+- `_units`: the Units inside this instance's subtree, innermost first, its own unit last (what summon,
+  load_state_dict and apply on an inner instance act on);
+- `_fsdp_wrapped_module`: the unit's module, a registered submodule, so `named_modules()` shows the
+  `_fsdp_wrapped_module` levels torch shows, and `.module` is the original submodule.
+
+A wrapper's forward only calls its module (whose hooks run the unit), so the hot path gains one nn.Module call
+per unit, which torch's instances cost too. The names users see are torch's: `named_modules()` shows the
+`_fsdp_wrapped_module.` levels; `named_parameters()` strips them (torch strips them only while summoned: the
+one difference, kept so that names built before and during a summon agree); the state dict walks straight
+through a wrapper (its `state_dict` hands the walk to its module with the same prefix), so its keys are the plain
+module's; and a load pre-hook on each wrapper puts the level back into the keys it loads, as torch's does.
+FSDP(FSDP(block)) itself (an FSDP given directly to FSDP) is still refused: only FSDP instances inside the module
+are taken over.
+
+[Note: nested FSDP] FSDP1 scripts often wrap by hand. Each root FSDP found inside the module being wrapped is
+taken apart first: its module gets its original parameters back (gathered from the shards), its hooks are
+removed, its wrappers (and itself) leave the tree, and every unit it had becomes a unit of the outer model,
+exactly as if the policy had picked it. Then the same FSDP objects go back into the tree as the outer model's
+wrappers, so the tree, `fsdp_modules` and the identity of each inner object are what torch gives. Their options
+must equal the outer one's: this runtime has one set of options per model, so a different one would be silently
+ignored. Their old flat shards are marked replaced, so an optimizer built over an inner FSDP before the outer wrap
+is caught at its first step ([Note: traps that train nothing] in misuse.py).
 """
 from __future__ import annotations
 
@@ -14,20 +41,25 @@ from torch import nn
 from fsdp_lab.runtime.core.misuse import mark_replaced
 from fsdp_lab.runtime.fsdp1.summon import flat_param_name, gather_master, register_full_params
 
+WRAPPED = "_fsdp_wrapped_module"
 
-def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> list[nn.Module]:
-    """Take apart every `fsdp_class` instance inside `module`; return their unit modules, innermost first."""
+
+def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> tuple[list[nn.Module], dict]:
+    """Take apart every root `fsdp_class` instance inside `module`; return their unit modules, innermost first,
+    and {id(unit module): FSDP object} of the objects to put back as wrappers. A wrapper of another model is left
+    where it is: its flat shards make refuse_wrapped_inside name it."""
     found = []
 
     def visit(parent: nn.Module):
         for name, child in parent._modules.items():
             if isinstance(child, fsdp_class):
-                found.append((parent, name, child))  # it already took over the FSDPs inside it
+                if child._root is child:
+                    found.append((parent, name, child))  # it already took over the FSDPs inside it
             elif child is not None:
                 visit(child)
 
     visit(module)
-    unit_modules = []
+    unit_modules, objects = [], {}
     for parent, name, inner in found:
         for option, ours in outer._settings.items():
             theirs = inner._settings[option]
@@ -35,12 +67,15 @@ def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> list[nn.Modu
                 raise ValueError(f"nested FSDP '{name}' has {option}={theirs!r} but the outer FSDP has "
                                  f"{ours!r}: fsdp_lab applies one set of options to a whole model; pass the "
                                  f"same to both, or wrap once with an auto_wrap_policy")
-        unit_modules.extend(hand_over_units(inner, outer))
+        unit_modules.extend(hand_over_units(inner))
+        for wrapper in remove_wrappers(inner, fsdp_class):
+            objects[id(wrapper.module)] = wrapper
+        objects[id(inner.module)] = inner
         parent._modules[name] = inner.module
-    return unit_modules
+    return unit_modules, objects
 
 
-def hand_over_units(inner, outer) -> list[nn.Module]:
+def hand_over_units(inner) -> list[nn.Module]:
     """Give every unit's original parameters back and unhook it; return the unit modules, innermost first."""
     if inner._ctx.in_backward:
         raise RuntimeError("an FSDP cannot be nested into another while its backward is running")
@@ -54,5 +89,66 @@ def hand_over_units(inner, outer) -> list[nn.Module]:
             for stale in [flat.shard] + (flat.orig_params or []):  # an optimizer over them trains nothing
                 mark_replaced(stale, f"{unit.name}.{flat_param_name(flat)}")
     modules = [unit.module for unit in inner._units]
-    inner._units, inner._nested_into = [], outer
+    inner._units = []
     return modules
+
+
+def remove_wrappers(root, fsdp_class: type) -> list:
+    """Put each wrapper of `root` back to its plain module in the tree; return the wrappers."""
+    removed = []
+
+    def visit(parent: nn.Module):
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, fsdp_class) and child._root is root and child is not root:
+                parent._modules[name] = child.module
+                removed.append(child)
+                child = child.module
+            if child is not None:
+                visit(child)
+
+    visit(root.module)
+    return removed
+
+
+def set_seam(wrapper, root, units) -> None:
+    """The four attributes of [Note: one FSDP instance per unit]; `_root` bypasses nn.Module's registration (it
+    is not a submodule: the root would contain itself)."""
+    wrapper.__dict__["_root"] = root
+    wrapper._ctx = root._ctx
+    wrapper._units = units
+
+
+def install_unit_wrappers(root, fsdp_class: type, objects: dict) -> None:
+    """Replace each non-root unit's module in the tree by an FSDP instance around it ([Note: one FSDP instance per
+    unit]); `objects` are hand-nested FSDP objects to reuse for their modules."""
+    units = root._units
+    for i, unit in enumerate(units):  # innermost first: no wrapper yet on the path to this unit
+        if unit.module is root.module:
+            continue
+        parent_name, _, attr = unit.name.rpartition(".")
+        parent = root.module.get_submodule(parent_name)
+        if parent._modules.get(attr) is not unit.module:
+            raise RuntimeError(f"FSDP unit '{unit.name}' is not at its place in the module tree")
+        wrapper = objects.get(id(unit.module))
+        if wrapper is None:
+            wrapper = fsdp_class.__new__(fsdp_class)
+            nn.Module.__init__(wrapper)
+            wrapper._register_load_state_dict_pre_hook(_add_wrapped_level)
+            setattr(wrapper, WRAPPED, unit.module)
+        elif not getattr(wrapper, "_load_hook_added", False):
+            wrapper._register_load_state_dict_pre_hook(_add_wrapped_level)
+        wrapper._load_hook_added = True
+        inside = {id(m) for m in unit.module.modules()}
+        set_seam(wrapper, root, [u for u in units[:i + 1] if id(u.module) in inside])
+        for option in ("_settings", "_placement", "_groups", "_use_orig_params", "_state_dict_settings"):
+            setattr(wrapper, option, getattr(root, option))
+        wrapper._buffer_dtypes = {}  # the root restores buffer dtypes for the whole tree
+        wrapper.training = unit.module.training
+        parent._modules[attr] = wrapper
+
+
+def _add_wrapped_level(state_dict, prefix, *_args) -> None:
+    """Load pre-hook of a wrapper: the keys under it (torch's names) reach its module under `_fsdp_wrapped_module`,
+    as torch's own pre-hook does."""
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(prefix + WRAPPED + ".")]:
+        state_dict[prefix + WRAPPED + "." + key[len(prefix):]] = state_dict.pop(key)

@@ -201,4 +201,11 @@ def load_full_state_dict(model, state_dict, strict: bool, assign: bool):
         if metadata is not None:
             state_dict._metadata = metadata
     with summon_full_params(model, writeback=True):
-        return model.module.load_state_dict(state_dict, strict=strict)
+        result = model.module.load_state_dict(state_dict, strict=strict)
+    # the keys under a unit's FSDP instance went in with its _fsdp_wrapped_module level (nesting.py): name them
+    # as they were given
+    return type(result)([_clean(k) for k in result.missing_keys], [_clean(k) for k in result.unexpected_keys])
+
+
+def _clean(key: str) -> str:
+    return key.replace("_fsdp_wrapped_module.", "")

@@ -32,7 +32,7 @@ def gather_master(unit, flat, phase: str = "summon_full_params") -> torch.Tensor
 
 def flat_param_name(flat) -> str:
     """The name a flat shard is registered under on its unit's module (use_orig_params=False)."""
-    return "_fsdp_flat_param" + ("" if flat.requires_grad else "_frozen")
+    return "_flat_param" + ("" if flat.requires_grad else "_frozen")  # torch FSDP1: _flat_param
 
 
 def gather_grad(unit, flat):
@@ -113,9 +113,10 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
 
     [Note: recurse=False] torch FSDP1 has one FSDP object per wrapped module, and recurse=False summons only the
     one it is given: its own parameters, not those of the FSDP modules nested in it (TRL summons the root this way
-    to generate, while the nested ones gather in their own forwards). Here one FSDP object holds every unit, and
-    its root unit is what torch's root FSDP module owns: the parameters no wrapped submodule claims. So
-    recurse=False summons the root unit only; every other unit stays sharded, as torch's nested FSDP modules do,
+    to generate, while the nested ones gather in their own forwards). Here too each unit has its FSDP instance
+    ([Note: one FSDP instance per unit] in nesting.py), and the root's unit is what torch's root FSDP module owns:
+    the parameters no wrapped submodule claims. So recurse=False summons the given instance's own unit only; every
+    other unit stays sharded, as torch's nested FSDP modules do,
     and still gathers in its own forward. A unit that is summoned does not gather or free in forward: it
     computes with the summoned parameters.
 
@@ -125,10 +126,11 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
     and every later summon, load_state_dict and apply would take itself for a nested one).
     """
     ctx = model._ctx
-    if any(u.summoned for u in model.units):
+    if any(u.summoned for u in model._root.units):
         raise RuntimeError("summon_full_params cannot be nested: this model's parameters are already summoned")
     settle(model, "summon_full_params")
-    units = model.units if recurse else [u for u in model.units if u.is_root]
+    # an inner instance ([Note: one FSDP instance per unit] in nesting.py) summons its subtree, or its own unit
+    units = model.units if recurse else [u for u in model.units if u.module is model.module]
     keep = not rank0_only or ctx.rank == 0  # rank0_only: the others take part in the gathers and see shards
     restored = []  # (unit, flat, full fp32, full gradient or None, what to put back or None)
     marked = []  # every unit marked summoned, flats or none ([Note: a unit without flats])
