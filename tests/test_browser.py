@@ -10,6 +10,7 @@ with the reason, when Chromium or playwright is missing (CI installs both).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -66,14 +67,10 @@ def _get(url: str, timeout: float = 5.0):
         return json.loads(resp.read().decode())
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on a free port with a random token; always shut down, kernels first."""
+@contextlib.contextmanager
+def _serve(tmp_path: Path, root: Path):
+    """A JupyterLab server on `root`, on a free port with a random token; always shut down, kernels first."""
     _need_browser()
-    root = tmp_path / "notebooks"
-    root.mkdir()
-    for chapter in CHAPTERS:
-        shutil.copy(chapter, root / chapter.name)
     settings = tmp_path / "settings"
     for plugin, files in SETTINGS.items():
         for name, value in files.items():
@@ -116,6 +113,35 @@ def lab(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab on a temporary copy of the solved chapters."""
+    _need_browser()
+    root = tmp_path / "notebooks"
+    root.mkdir()
+    for chapter in CHAPTERS:
+        shutil.copy(chapter, root / chapter.name)
+    with _serve(tmp_path, root) as served:
+        yield served
+
+
+@pytest.fixture
+def learner_lab(tmp_path):
+    """JupyterLab on the learner's copies, written into my-notebooks/ as `fsdp-lab lab` writes them (beside a
+    temporary copy of the solved chapters)."""
+    _need_browser()
+    from fsdp_lab.commands.lab import learner_copies
+
+    solved = tmp_path / "course" / "notebooks"
+    solved.mkdir(parents=True)
+    for chapter in CHAPTERS:
+        shutil.copy(chapter, solved / chapter.name)
+    folder, written = learner_copies(solved)
+    assert sorted(p.name for p in written) == [c.name for c in CHAPTERS], written
+    with _serve(tmp_path, folder) as served:
+        yield served
 
 
 def _menu(page, top: str, item: str) -> None:
@@ -323,3 +349,151 @@ def test_chapter_09_quiz_long_options_wrap_without_overlap(lab):
             assert problems == [], problems
         finally:
             browser.close()
+
+
+# -- the learner's copies: every exercise shows its stub, and its check says "not written yet" -------------------
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read().decode())
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("\u200b", "").split())
+
+
+def _run_cell(page, cell, timeout_s: float, want: str = "") -> str:
+    """Run one code cell as a learner does (Shift+Enter in its editor); done when its prompt shows a new count
+    (counts only grow in a kernel) and, if `want` is given, its output shows it. Returns the output's text."""
+    prompt = cell.locator(".jp-InputPrompt").first
+    before = prompt.inner_text()
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputArea-editor").first.click()
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        count = prompt.inner_text().strip().strip("[]:").strip()
+        output = cell.locator(".jp-Cell-outputArea").first.inner_text()
+        if count.isdigit() and prompt.inner_text() != before and (not want or want in output):
+            return output
+        page.wait_for_timeout(250)
+    raise AssertionError(f"the cell did not finish within {timeout_s:.0f} s (prompt {prompt.inner_text()!r}, "
+                         f"want {want!r}); its output:\n{cell.locator('.jp-Cell-outputArea').first.inner_text()[-1500:]}")
+
+
+def _type_into(page, cell, text: str) -> None:
+    """Replace the cell's text with `text`, as typed (one insertion: no auto-indent or closing brackets added)."""
+    editor = cell.locator(".jp-InputArea-editor .cm-content").first
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+    shown = _flat(editor.inner_text())
+    assert shown == _flat(text), f"the editor holds {shown[:300]!r}, not what was typed"
+
+
+def _written(solved: str) -> str:
+    """An exercise cell as the learner leaves it once done: the solved cell without its markers and stubs."""
+    from fsdp_lab.lessons import student_copy as sc
+
+    return "\n".join(line for line in solved.split("\n")
+                     if not line.strip().startswith(sc.STUB) and line.strip() not in (sc.BEGIN, sc.END))
+
+
+@pytest.mark.timeout(600)
+def test_learner_copies_show_every_stub_and_each_check_says_not_written_yet(learner_lab):
+    """The copies `fsdp-lab lab` writes, opened in Chromium: no solution line is on any page, every exercise cell
+    shows its stub, and the Your turn section runs as a learner runs it: each exercise's stub first (its check
+    answers "not written yet"), then the solution typed in, which the check accepts, so the next cell starts
+    from the state it expects. The first exercise of each chapter also has its "show the solution" button pressed.
+
+    [Note: one kernel for every chapter] Each chapter's notebook is attached to the same kernel (a session per
+    path, one kernel id), so one pair of live ranks serves the whole walk: only the first chapter's
+    `live.start(2)` cell starts them, the later ones are not re-run, and the last chapter's `live_ranks.stop()`
+    ends them. That keeps the test to one rank start instead of eleven."""
+    import re
+
+    from playwright.sync_api import sync_playwright
+
+    from fsdp_lab.lessons import student_copy as sc
+    from test_student_copies import distinctive_lines, your_turn_cells
+
+    base, token, root = learner_lab
+    chapters = [c for c in CHAPTERS if sc.exercise_cells(json.loads(c.read_text(encoding="utf-8")))]
+    kernel_id, ranks_started, checked = None, False, {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1400, "height": 1500})
+        page.set_default_timeout(60_000)
+        page.on("dialog", lambda dialog: dialog.accept())  # "leave the page?" once a cell has been typed into
+        ARTIFACTS.mkdir(exist_ok=True)
+        try:
+            for chapter in chapters:
+                solved = json.loads(chapter.read_text(encoding="utf-8"))
+                copy = json.loads((root / chapter.name).read_text(encoding="utf-8"))
+                assert copy == sc.student_notebook(solved, chapter.name), f"{chapter.name}: not the learner's copy"
+                solutions = sc.solutions_of(solved, chapter.name)
+                marked = {c["id"] for c in sc.exercise_cells(solved)}
+                solved_source = {c["id"]: sc._text(c["source"]) for c in solved["cells"]}
+                session = _post(f"{base}/api/sessions?token={token}",
+                                {"path": chapter.name, "type": "notebook", "name": chapter.name,
+                                 "kernel": {"id": kernel_id} if kernel_id else {"name": "python3"}})
+                kernel_id = session["kernel"]["id"]
+                page.goto(f"{base}/lab/tree/{chapter.name}?reset&token={token}", wait_until="domcontentloaded")
+                panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+                panel.locator(".jp-Cell").first.wait_for()
+                page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=90_000)
+                cells = panel.locator(".jp-Cell")
+                assert cells.count() == len(copy["cells"]), f"{chapter.name}: {cells.count()} cells rendered"
+
+                text = _flat(panel.inner_text())  # nothing run yet: the notes and every cell as the copy has them
+                for cell_id, blocks in solutions.items():
+                    for line in (ln for b in blocks for ln in distinctive_lines(b)):
+                        assert line not in text, f"{chapter.name}: the solution of {cell_id} shows: {line!r}"
+                index = {c["id"]: i for i, c in enumerate(copy["cells"])}
+                for cell_id in marked:
+                    shown = _flat(cells.nth(index[cell_id]).locator(".jp-InputArea-editor").first.inner_text())
+                    for line in sc._text(copy["cells"][index[cell_id]]["source"]).splitlines():
+                        assert _flat(line) in shown, f"{chapter.name} cell {cell_id}: {line!r} not shown"
+
+                turn = [c["id"] for c in your_turn_cells(solved) if c["cell_type"] == "code"]
+                last = max(i for i, cell_id in enumerate(turn) if cell_id in marked)
+                first_exercise = True
+                for cell_id in turn[:last + 1]:
+                    cell, source = cells.nth(index[cell_id]), solved_source[cell_id]
+                    if "live.start(" in source:
+                        if ranks_started:
+                            continue  # [Note: one kernel for every chapter]
+                        _run_cell(page, cell, 240)
+                        ranks_started = True
+                        continue
+                    if cell_id not in marked:
+                        out = _run_cell(page, cell, 180)
+                        assert "Traceback" not in out and "not written yet" not in out, f"{cell_id}:\n{out[-1500:]}"
+                        continue
+                    out = _run_cell(page, cell, 180, want="not written yet")
+                    assert "Traceback" not in out, f"{chapter.name} cell {cell_id}, the stub gave:\n{out[-1500:]}"
+                    checked.setdefault(chapter.name, []).append(cell_id)
+                    if first_exercise:
+                        cell.screenshot(path=str(ARTIFACTS / f"browser-learner-{chapter.stem}-stub.png"))
+                        button = cells.nth(index[cell_id] + 1)
+                        _run_cell(page, button, 60, want="Show the solution")
+                        button.locator("button", has_text="Show the solution").click()
+                        line = distinctive_lines(solutions[cell_id][0])[0]
+                        page.wait_for_function("([el, s]) => el.innerText.replace(/\\s+/g, ' ').includes(s)",
+                                               arg=[button.element_handle(), line], timeout=30_000)
+                        first_exercise = False
+                    _type_into(page, cell, _written(source))
+                    out = _run_cell(page, cell, 180)
+                    assert not re.search(r"not written yet|not yet|Traceback", out), \
+                        f"{chapter.name} cell {cell_id}, the solution typed in gave:\n{out[-1500:]}"
+                if chapter == chapters[-1]:
+                    stop = next(c["id"] for c in your_turn_cells(solved) if "live_ranks.stop()" in sc._text(c["source"]))
+                    _run_cell(page, cells.nth(index[stop]), 60)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "browser-learner-failure.png"))
+            (ARTIFACTS / "browser-learner-failure.html").write_text(page.content())
+            raise
+        finally:
+            browser.close()
+    assert sorted(checked) == [c.name for c in chapters]

@@ -144,3 +144,20 @@ def test_fsdp_over_ddp_traffic_is_one_and_a_half_minus_the_root():
         assert r["ratio"] < formulas.comm_ratio_fsdp_vs_ddp(2)
     assert rows[0]["ratio"] < rows[1]["ratio"], "deeper models must get closer to 1.5"
     assert ratio_rows(per_rank[1]) == rows, "both ranks send the same"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_jobs_run_together_return_what_each_experiment_returns_alone():
+    """Chapter 05 runs its three rank experiments in one launch (fsdp_lab.lessons.experiments.together): each
+    job's results are those of the experiment launched by itself."""
+    from fsdp_lab.lessons.experiments.memory_compare import depth_job
+    from fsdp_lab.lessons.experiments.strategies import measure_strategy_matrix, strategy_matrix_job
+    from fsdp_lab.lessons.experiments.together import run_together
+
+    matrix, depths = run_together(2, strategy_matrix_job(("FULL_SHARD", "ZERO1"), ("fp32", "bf16"), steps=2),
+                                  depth_job(depths=(1, 2)), timeout_s=180)
+    assert depths == comm_by_depth(world_size=2, depths=(1, 2), timeout_s=120)
+    assert matrix == measure_strategy_matrix(2, ("FULL_SHARD", "ZERO1"), ("fp32", "bf16"), steps=2)
+    with pytest.raises(ValueError, match="needs one or more Job"):
+        run_together(2)

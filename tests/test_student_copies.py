@@ -41,10 +41,42 @@ def your_turn_cells(nb: dict) -> list:
     return out
 
 
-def _solution_lines(nb: dict) -> list:
-    """The solutions' lines worth looking for (not blank, not a lone bracket or comment)."""
-    return [line.strip() for blocks in sc.solutions_of(nb).values() for block in blocks
-            for line in block.splitlines() if len(line.strip()) > 8 and not line.strip().startswith("#")]
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def distinctive_lines(block: str) -> list:
+    """The lines of one solution that give it away, whitespace collapsed and a trailing comment dropped: not
+    blank, not a comment, a markdown fence or a label ending in ":" (`for b in blocks:`, `FSDP2:`: the frame
+    around an answer, which the text and the stub show too), and longer than a lone bracket or `return x`."""
+    out = []
+    for line in block.splitlines():
+        code = _flat(line.split("  #")[0])
+        if len(code) > 10 and not code.startswith(("#", "```")) and not code.endswith(":"):
+            out.append(code)
+    return out
+
+
+def _shown(cell) -> str:
+    """Everything a cell of a copy shows: its text and its saved outputs (text, HTML with its tags and entities)."""
+    import html
+
+    parts = [_text(cell)]
+    for out in cell.get("outputs", []):
+        parts.append(sc._text(out.get("text", "")))
+        for value in out.get("data", {}).values():
+            if isinstance(value, (str, list)):
+                parts.append(html.unescape(re.sub(r"<[^>]+>", " ", sc._text(value))))
+    return _flat("\n".join(parts))
+
+
+def leaks(nb: dict, name: str = "<notebook>") -> list:
+    """Where the learner's copy of a notebook shows a solution's distinctive line: (solution's cell, line, the
+    copy's cell that shows it)."""
+    copy = sc.student_notebook(nb, name)
+    shown = [(c["id"], _shown(c)) for c in copy["cells"]]
+    return [(cell_id, line, where) for cell_id, blocks in sc.solutions_of(nb, name).items() for block in blocks
+            for line in distinctive_lines(block) for where, text in shown if line in text]
 
 
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.stem)
@@ -66,22 +98,47 @@ def test_the_copy_has_stubs_and_no_solution_and_every_other_cell_as_it_was(path)
     copy = sc.student_notebook(nb, path.name)
     text = "\n".join(_text(c) for c in copy["cells"] if c["cell_type"] == "code")
     assert sc.BEGIN not in text and sc.END not in text and sc.STUB not in text
-    for line in _solution_lines(nb):  # code only: the legacy notes show the FSDP1 and FSDP2 lines side by side
-        assert line not in text, f"{path.name}: the copy still holds the solution line {line!r}"
-    marked = {c["id"] for c in sc.exercise_cells(nb)}
+    marked = {c["id"] for c in sc.marked_cells(nb)}
     by_id = {c["id"]: c for c in copy["cells"]}
     for cell in nb["cells"]:
         got = by_id[cell["id"]]
         if cell["id"] not in marked:
             assert got == cell, f"{path.name}: cell {cell['id']} changed in the copy"
             continue
-        assert got["outputs"] == [] and got["execution_count"] is None
-        assert "raise NotImplementedError(" in _text(got) or re.search(r"= None  # ← your", _text(got)), _text(got)
+        if cell["cell_type"] == "markdown":  # a note: only its marked part is gone
+            assert sc.BEGIN not in _text(got) and "<!--" not in _text(got), _text(got)
+        else:
+            assert got["outputs"] == [] and got["execution_count"] is None
+            assert "raise NotImplementedError(" in _text(got) or re.search(r"= None  # ← your", _text(got)), \
+                _text(got)
         after = copy["cells"][copy["cells"].index(got) + 1]
         assert f"show_solution({cell['id']!r})" in _text(after) and after["id"] == f"{cell['id']}-solution"
     assert [c["id"] for c in copy["cells"] if not c["id"].endswith("-solution")] == [c["id"] for c in nb["cells"]]
     nbformat = pytest.importorskip("nbformat")
     nbformat.validate(nbformat.from_dict(copy))  # JupyterLab opens it
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+def test_no_solution_shows_anywhere_else_in_the_copy(path):
+    """Not in a note, another cell, or a saved output: a solution is reachable through its button only."""
+    found = leaks(_load(path), path.name)
+    assert not found, f"{path.name}: the learner's copy shows solution lines outside their markers:\n" + "\n".join(
+        f"  solution of {cell}: {line!r} in cell {where}" for cell, line, where in found)
+
+
+def test_the_leak_check_finds_an_answer_in_a_note_and_in_an_output():
+    """The check itself, on the legacy note before it was marked and on an output that prints the answer."""
+    nb = _load(NOTEBOOKS / "01-core-idea.ipynb")
+    note = next(c for c in nb["cells"] if c["id"] == "legacy-01")
+    note["source"] = [line for line in note["source"] if "<!--" not in line]  # the note, its markers removed
+    assert ("yourturn-01-03", "model = FSDP(net, auto_wrap_policy=ModuleWrapPolicy({Block}))", "legacy-01") in leaks(nb)
+    nb = _load(NOTEBOOKS / "01-core-idea.ipynb")
+    other = next(c for c in nb["cells"] if c["cell_type"] == "code" and c["id"] not in sc.solutions_of(nb))
+    other["outputs"] = [{"output_type": "display_data", "metadata": {},
+                         "data": {"text/html": "<pre>predicted = 16 * phi / world_size</pre>"}}]
+    assert [where for cell, _, where in leaks(nb) if cell == "yourturn-01-07"] == [other["id"]]
+    assert distinctive_lines("for b in blocks:  # the forward\n    events += [x]  # mine\n```python\nFSDP2:") == [
+        "events += [x]"]
 
 
 def test_make_student_copies_writes_every_chapter_without_its_solutions(tmp_path):

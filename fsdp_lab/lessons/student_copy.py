@@ -16,6 +16,19 @@ fsdp_lab.lessons.live.checks answers those with "not written yet"; a stub that r
 shown by the live ranks as "not written yet: <its message>", without a traceback. The copy of an exercise cell
 loses its outputs (they came from the solution), and a "show the solution" cell follows it, which reads the
 solution from the instructor's notebook (fsdp_lab.lessons.widgets.solution), so the copy holds none of it.
+
+[Note: answers in the notes around an exercise] A markdown note can show an exercise's answer too: the legacy
+notes put the FSDP1 line an exercise asks for beside its FSDP2 twin. Such a note marks that part with the same
+markers as HTML comments, which the rendered instructor's notebook does not show:
+
+    <!-- ### STUB: *The lines compared here are the exercise below.* -->
+    <!-- ### BEGIN SOLUTION -->
+    FSDP1 (legacy): ...
+    <!-- ### END SOLUTION -->
+
+The copy keeps the stub text (or MARKDOWN_STUB) in place of the part, and a "show the solution" cell follows
+the note as it follows an exercise cell. tests/test_student_copies.py checks that no solution's line shows
+anywhere else in a copy.
 """
 from __future__ import annotations
 
@@ -27,6 +40,8 @@ from typing import Optional
 
 BEGIN, END, STUB = "### BEGIN SOLUTION", "### END SOLUTION", "### STUB:"
 DEFAULT_STUB = 'raise NotImplementedError("write this part: the text above the cell says what")'
+MARKDOWN_STUB = ("*This part holds the answer of the exercise below: write yours first, then the button under this "
+                 "note shows it.*")
 INSTRUCTOR_NOTEBOOKS = Path(__file__).resolve().parent.parent.parent / "notebooks"
 
 
@@ -38,12 +53,27 @@ def _text(source) -> str:
     return "".join(source) if isinstance(source, list) else source
 
 
-def split_cell(source: str, where: str = "<cell>") -> tuple[str, list[str]]:
-    """(the learner's version of one cell's text, the solutions it held, in order); MarkerError on bad markers."""
+def _marker(line: str, markdown: bool) -> str:
+    """The line as a marker would read: stripped, and in markdown taken out of its HTML comment."""
+    text = line.strip()
+    if markdown:
+        if not (text.startswith("<!--") and text.endswith("-->")):
+            return text if not text.startswith(("### BEGIN", "### END", "### STUB")) else "<bare " + text + ">"
+        text = text[4:-3].strip()
+    return text
+
+
+def split_cell(source: str, where: str = "<cell>", markdown: bool = False) -> tuple[str, list[str]]:
+    """(the learner's version of one cell's text, the solutions it held, in order); MarkerError on bad markers.
+    markdown: the markers are HTML comments ([Note: answers in the notes around an exercise])."""
     lines = source.split("\n")
     out, stubs, solutions, inside, body = [], [], [], None, []
+    default = MARKDOWN_STUB if markdown else DEFAULT_STUB
     for number, line in enumerate(lines, 1):
-        marker, indent = line.strip(), line[:len(line) - len(line.lstrip())]
+        marker, indent = _marker(line, markdown), line[:len(line) - len(line.lstrip())]
+        if marker.startswith("<bare "):
+            raise MarkerError(f"{where}:{number}: a marker in markdown goes inside an HTML comment: "
+                              f"<!-- {line.strip()} -->")
         if inside is not None:
             if marker == BEGIN:
                 raise MarkerError(f"{where}:{number}: {BEGIN} inside the solution opened on line {inside}")
@@ -59,7 +89,7 @@ def split_cell(source: str, where: str = "<cell>") -> tuple[str, list[str]]:
         if marker == END:
             raise MarkerError(f"{where}:{number}: {END} without a {BEGIN} before it")
         if marker == BEGIN:
-            out += stubs or [indent + DEFAULT_STUB]
+            out += stubs or [indent + default]
             stubs, inside = [], number
             continue
         if stubs:
@@ -70,6 +100,8 @@ def split_cell(source: str, where: str = "<cell>") -> tuple[str, list[str]]:
     if stubs:
         raise MarkerError(f"{where}: {STUB} at the end of the cell, with no solution after it")
     student = "\n".join(out)
+    if markdown:
+        return student, solutions
     python = "\n".join(line for line in out if not line.startswith("%%"))  # %%ranks: a cell magic, not Python
     try:
         ast.parse(python, where)
@@ -83,9 +115,18 @@ def exercise_cells(nb: dict) -> list[dict]:
     return [c for c in nb["cells"] if c["cell_type"] == "code" and BEGIN in _text(c["source"])]
 
 
+def marked_cells(nb: dict) -> list[dict]:
+    """The exercise cells and the markdown notes that hold a marked answer, in notebook order."""
+    return [c for c in nb["cells"] if c["cell_type"] in ("code", "markdown") and BEGIN in _text(c["source"])]
+
+
+def _split(cell: dict, where: str) -> tuple[str, list[str]]:
+    return split_cell(_text(cell["source"]), where, markdown=cell["cell_type"] == "markdown")
+
+
 def solutions_of(nb: dict, name: str = "<notebook>") -> dict[str, list[str]]:
-    """{cell id: [solution, ...]} for every exercise cell of a notebook."""
-    return {c["id"]: split_cell(_text(c["source"]), f"{name} cell {c['id']}")[1] for c in exercise_cells(nb)}
+    """{cell id: [solution, ...]} for every marked cell of a notebook (exercise cells and notes)."""
+    return {c["id"]: _split(c, f"{name} cell {c['id']}")[1] for c in marked_cells(nb)}
 
 
 def _solution_cell(cell_id: str) -> dict:
@@ -101,10 +142,11 @@ def student_notebook(nb: dict, name: str = "<notebook>") -> dict:
     cells = []
     for cell in nb["cells"]:
         cells.append(cell)
-        if cell["cell_type"] != "code" or BEGIN not in _text(cell["source"]):
+        if cell["cell_type"] not in ("code", "markdown") or BEGIN not in _text(cell["source"]):
             continue
-        cell["source"], _ = split_cell(_text(cell["source"]), f"{name} cell {cell.get('id')}")
-        cell["outputs"], cell["execution_count"] = [], None
+        cell["source"], _ = _split(cell, f"{name} cell {cell.get('id')}")
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
         cells.append(_solution_cell(cell["id"]))
     nb["cells"] = cells
     return nb
@@ -134,7 +176,8 @@ def write_student_copies(source_dir: Path = INSTRUCTOR_NOTEBOOKS, out_dir: Optio
 
 
 def find_solution(cell_id: str, source_dir: Path = INSTRUCTOR_NOTEBOOKS) -> tuple[str, list[str]]:
-    """(the notebook's name, the solutions) of the exercise cell `cell_id`, read from the instructor's notebooks."""
+    """(the notebook's name, the solutions) of the marked cell `cell_id` (an exercise or a note), read from the
+    instructor's notebooks."""
     source_dir = Path(source_dir)
     paths = sorted(source_dir.glob("*.ipynb"))
     if not paths:

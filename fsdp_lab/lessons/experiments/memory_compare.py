@@ -13,6 +13,7 @@ from typing import Iterable, Union
 
 from fsdp_lab.lessons.experiments.common import RunSpec, config_for, train
 from fsdp_lab.lessons.experiments.strategies import summarize
+from fsdp_lab.lessons.experiments.together import Job
 from fsdp_lab.training.launch import run_on_ranks
 from fsdp_lab.training.models import GPTConfig
 
@@ -30,16 +31,23 @@ def _depth_rank(rank: int, world_size: int, base: GPTConfig, depths: tuple, stra
     return rows
 
 
+def depth_job(depths: Iterable[int] = (1, 2, 4, 8, 16), strategies: Iterable[str] = ("NO_SHARD", "FULL_SHARD"),
+              preset: Union[str, GPTConfig] = "tiny", steps: int = 1) -> Job:
+    """comm_by_depth's rank function and arguments, to run with others in one launch
+    (fsdp_lab.lessons.experiments.together)."""
+    depths, strategies = tuple(depths), tuple(str(getattr(s, "name", s)).upper() for s in strategies)
+    if not depths or min(depths) < 1:
+        raise ValueError(f"depths must be positive block counts, got {depths}")
+    return Job(_depth_rank, (config_for(preset), depths, strategies, steps))
+
+
 def comm_by_depth(world_size: int = 2, depths: Iterable[int] = (1, 2, 4, 8, 16),
                   strategies: Iterable[str] = ("NO_SHARD", "FULL_SHARD"), preset: Union[str, GPTConfig] = "tiny",
                   steps: int = 1, timeout_s: float = 120.0) -> list[list[dict]]:
     """Per rank, one row per (depth, strategy): bytes sent in the last step, by collective, and the padded
     element counts of the whole model and of its root unit. `preset` gives every size but the depth."""
-    depths, strategies = tuple(depths), tuple(str(getattr(s, "name", s)).upper() for s in strategies)
-    if not depths or min(depths) < 1:
-        raise ValueError(f"depths must be positive block counts, got {depths}")
-    return run_on_ranks(_depth_rank, world_size, config_for(preset), depths, strategies, steps,
-                        timeout_s=timeout_s)
+    job = depth_job(depths, strategies, preset, steps)
+    return run_on_ranks(job.fn, world_size, *job.args, timeout_s=timeout_s)
 
 
 def ratio_rows(rows: Iterable[dict], numerator: str = "FULL_SHARD", denominator: str = "NO_SHARD") -> list[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Union
 
 from fsdp_lab.lessons.experiments.common import RunSpec, mixed_precision_for, train
+from fsdp_lab.lessons.experiments.together import Job
 from fsdp_lab.observe.traffic import comm_summary
 from fsdp_lab.runtime.core.memory import KINDS
 from fsdp_lab.training.launch import run_on_ranks
@@ -77,18 +78,26 @@ def _matrix_rank(rank: int, world_size: int, spec: RunSpec, strategies: tuple, d
                 for s in strategies} for d in dtypes}
 
 
+def strategy_matrix_job(strategies: Iterable[str] = ALL_STRATEGIES, dtypes: Iterable[str] = ("fp32", "bf16"),
+                        preset: Union[str, GPTConfig] = "tiny", steps: int = 2, **spec_fields) -> Job:
+    """measure_strategy_matrix's rank function and arguments, to run with others in one launch
+    (fsdp_lab.lessons.experiments.together)."""
+    spec_fields.setdefault("backward_prefetch", None)
+    spec = RunSpec(preset=preset, steps=steps, **spec_fields)
+    dtypes = tuple(dtypes)
+    for d in dtypes:
+        mixed_precision_for(d)
+    return Job(_matrix_rank, (spec, _names(strategies), dtypes))
+
+
 def measure_strategy_matrix(world_size: int = 2, strategies: Iterable[str] = ALL_STRATEGIES,
                             dtypes: Iterable[str] = ("fp32", "bf16"), preset: Union[str, GPTConfig] = "tiny",
                             steps: int = 2, timeout_s: float = 180.0, **spec_fields) -> list[dict]:
     """Per rank, {dtype: {strategy: summarize(...)}}, every combination in one launch. Backward prefetch is
     turned off unless spec_fields says otherwise (torch's default is BACKWARD_PRE, which holds a second block in
     backward): these runs measure the article's ZeRO formulas, which count one gathered unit."""
-    spec_fields.setdefault("backward_prefetch", None)
-    spec = RunSpec(preset=preset, steps=steps, **spec_fields)
-    dtypes = tuple(dtypes)
-    for d in dtypes:
-        mixed_precision_for(d)
-    return run_on_ranks(_matrix_rank, world_size, spec, _names(strategies), dtypes, timeout_s=timeout_s)
+    job = strategy_matrix_job(strategies, dtypes, preset, steps, **spec_fields)
+    return run_on_ranks(job.fn, world_size, *job.args, timeout_s=timeout_s)
 
 
 def measure_strategies(world_size: int = 2, strategies: Iterable[str] = ALL_STRATEGIES, dtype="fp32",
