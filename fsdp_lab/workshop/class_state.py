@@ -5,8 +5,8 @@ each learner's work leaves behind, at the moment the page is asked for:
 - quiz: ~/.fsdp-lab/progress.json (fsdp_lab.lessons.quiz.progress), best score per chapter, exactly the rows
   `fsdp-lab scores` makes, so the class CSV is that command's format (`file` is "<user>/.fsdp-lab/...", and
   `name` the login, which is who a learner is on the hub);
-- exercise checks passed: the check outputs ("ok: ...", a passing Verdict's text) in the chapters' notebooks
-  as last saved in ~/my-notebooks (JupyterLab autosaves every two minutes);
+- exercise checks passed: the check outputs ("ok: ...", a passing Verdict's text) of the cells the learner
+  ran, in the chapters' notebooks as last saved in ~/my-notebooks (JupyterLab autosaves every two minutes);
 - chapter reached: the latest chapter with a run cell in its saved notebook or an answered quiz;
 - live ranks running: the learner's ipyparallel engine processes (psutil, by uid), and whether their server runs.
 A file that cannot be read shows as a problem on the page and never stops it. Files are read with a size limit
@@ -14,6 +14,7 @@ and only when they are regular files (fsdp_lab.user_files), since a learner cont
 """
 from __future__ import annotations
 
+import functools
 import json
 import pwd
 import re
@@ -25,6 +26,7 @@ import psutil
 
 from fsdp_lab.lessons.quiz.progress import Row, rows_for
 from fsdp_lab.lessons.quiz.questions import ProgressFileError
+from fsdp_lab.lessons.student_copy import INSTRUCTOR_NOTEBOOKS, student_notebook
 from fsdp_lab.user_files import FileRefused, MiB, read_text
 
 NOTEBOOK_LIMIT = 32 * MiB
@@ -55,14 +57,30 @@ def chapter_of(notebook: Path) -> str:
     return found.group(1) if found else ""
 
 
-def notebook_facts(path: Path) -> tuple[bool, int]:
-    """(a code cell has run, how many passing check outputs) in one saved notebook."""
+@functools.lru_cache(maxsize=64)
+def _fresh_counts(source: Path, mtime_ns: int) -> dict:
+    """{cell id: execution_count} of the learner's copy as written from the instructor's notebook `source`."""
+    nb = student_notebook(json.loads(source.read_text(encoding="utf-8")), source.name)
+    return {c.get("id"): c.get("execution_count") for c in nb["cells"] if c.get("cell_type") == "code"}
+
+
+def fresh_counts(name: str) -> dict:
+    source = INSTRUCTOR_NOTEBOOKS / name
+    return _fresh_counts(source, source.stat().st_mtime_ns) if source.is_file() else {}
+
+
+def notebook_facts(path: Path, fresh: dict) -> tuple[bool, int]:
+    """(the learner ran a code cell, passing check outputs of the cells they ran) in one saved notebook. A cell
+    counts as run by the learner when its execution count differs from the copy they were given (the copies
+    keep the solved chapters' outputs outside the exercises, so outputs alone say nothing)."""
     nb = json.loads(read_text(path, limit=NOTEBOOK_LIMIT))
     ran, passed = False, 0
     for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
+        if cell.get("cell_type") != "code" or cell.get("execution_count") is None:
             continue
-        ran = ran or cell.get("execution_count") is not None
+        if cell.get("id") in fresh and fresh[cell.get("id")] == cell.get("execution_count"):
+            continue
+        ran = True
         for output in cell.get("outputs", []):
             text = output.get("text") or output.get("data", {}).get("text/plain") or ""
             text = "".join(text) if isinstance(text, list) else str(text)
@@ -102,7 +120,7 @@ def learner_state(name: str, notebooks_dir: str = "my-notebooks") -> LearnerStat
             state.problems.append(str(exc))
     for notebook in sorted((home / notebooks_dir).glob("*.ipynb")):
         try:
-            ran, passed = notebook_facts(notebook)
+            ran, passed = notebook_facts(notebook, fresh_counts(notebook.name))
         except (FileRefused, OSError, ValueError, AttributeError) as exc:
             state.problems.append(f"{notebook.name}: {exc}")
             continue
