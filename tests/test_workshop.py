@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def _need(condition: bool, reason: str) -> None:
 def learner_python(tmp_path: Path) -> str:
     """An interpreter every learner can run with this environment's packages. sys.executable, unless a 0700
     directory (a pyenv under /root) hides it from other users; then a venv of the system's Python of the same
-    version that reads this environment's site-packages through a .pth file."""
+    version that reads this environment's site-packages through a .pth file, in `tmp_path` (which must be a
+    folder other users can enter: pytest's own tmp_path is 0700)."""
     probe = subprocess.run(["su", "-s", "/bin/sh", "nobody", "-c", f"{sys.executable} -c pass"], capture_output=True)
     if probe.returncode == 0:
         return sys.executable
@@ -69,7 +71,10 @@ def learner_python(tmp_path: Path) -> str:
 
     (next(venv.glob("lib/python*/site-packages")) / "course-env.pth").write_text(
         "\n".join(p for p in site.getsitepackages() if Path(p).is_dir()) + "\n")
-    os.chmod(tmp_path, 0o755)
+    for shared in ("etc/jupyter", "share/jupyter"):  # the server extensions' config, JupyterLab's static files
+        if (Path(sys.prefix) / shared).is_dir():
+            (venv / shared).parent.mkdir(parents=True, exist_ok=True)
+            (venv / shared).symlink_to(Path(sys.prefix) / shared)
     return str(venv / "bin" / "python")
 
 
@@ -104,10 +109,12 @@ def workshop(tmp_path):
     log = open(tmp_path / "workshop.log", "w")
     made = []
     proc = None
+    shared = Path(tempfile.mkdtemp(prefix="fsdp-lab-workshop-"))
+    os.chmod(shared, 0o755)
     try:
         passwords = accounts.ensure_users(learners + [instructor], state / "passwords.txt")
         made = list(passwords)
-        python = learner_python(tmp_path)
+        python = learner_python(shared)
         proc = subprocess.Popen(
             [sys.executable, "-m", "fsdp_lab", "workshop", str(tmp_path / "class.txt"), "--instructor", instructor,
              "--port", str(port), "--state-dir", str(state), "--learner-python", python, "--gpus", "0,1,2,3,4,5",
@@ -136,6 +143,7 @@ def workshop(tmp_path):
                 pass
         for name in made:
             accounts.remove_user(name)
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def _fail(proc, tmp_path):
