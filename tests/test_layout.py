@@ -1,7 +1,7 @@
 """The package's shape, read from its import graph with `ast`: layers you can see from the folder list.
 
     runtime → (fsdp_lab/__init__, fsdp_lab/wrap: public names; fsdp_lab/user_files) → observe → checkpoint
-            → theory → training → bench → lessons → commands → (fsdp_lab/cli, fsdp_lab/__main__)
+            → theory → training → bench → lessons → workshop → commands → (fsdp_lab/cli, fsdp_lab/__main__)
 
 A module may import its own layer and the layers before it, never a later one; `runtime` imports nothing of
 fsdp_lab outside itself; no import cycle, counting imports inside functions; at most five plain modules at the
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fsdp_lab"
-LAYERS = ("runtime", "<public>", "observe", "checkpoint", "theory", "training", "bench", "lessons", "commands",
-          "<entry>")
+LAYERS = ("runtime", "<public>", "observe", "checkpoint", "theory", "training", "bench", "lessons", "workshop",
+          "commands", "<entry>")
 TOP_LEVEL_LAYER = {"fsdp_lab": "<public>", "fsdp_lab.wrap": "<public>", "fsdp_lab.user_files": "<public>",
                    "fsdp_lab.cli": "<entry>", "fsdp_lab.__main__": "<entry>"}
 MAX_TOP_LEVEL_MODULES = 5

@@ -175,6 +175,22 @@ def write_student_copies(source_dir: Path = INSTRUCTOR_NOTEBOOKS, out_dir: Optio
     return written
 
 
+def write_fresh_copy(source: Path, out_dir: Path, stamp: str) -> Path:
+    """A fresh learner's copy of one chapter `source` in out_dir, never over a file there: under the chapter's
+    own name when the learner has none, else as `<chapter>.fresh-<stamp>.ipynb` beside their work."""
+    source, out_dir = Path(source), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nb = student_notebook(json.loads(source.read_text(encoding="utf-8")), source.name)
+    for target in (out_dir / source.name, out_dir / f"{source.stem}.fresh-{stamp}.ipynb"):
+        try:
+            with open(target, "x", encoding="utf-8") as f:  # "x": an existing file is never opened for writing
+                f.write(_dump(nb))
+            return target
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{out_dir} already holds {source.name} and {source.stem}.fresh-{stamp}.ipynb")
+
+
 def find_solution(cell_id: str, source_dir: Path = INSTRUCTOR_NOTEBOOKS) -> tuple[str, list[str]]:
     """(the notebook's name, the solutions) of the marked cell `cell_id` (an exercise or a note), read from the
     instructor's notebooks."""
