@@ -206,3 +206,22 @@ fsdp_lab_install() {
     return 1
   fi
 }
+
+FSDP_LAB_PROXY_PIN="configurable-http-proxy@5.3.0"   # fsdp_lab/workshop/install.py's PROXY_PIN (a test keeps them equal)
+
+# configurable-http-proxy (JupyterHub's proxy, a Node program) for `fsdp-lab workshop` and its test, into the
+# project-local prefix .workshop/node with npm, never globally. Returns non-zero when npm is missing or fails.
+fsdp_lab_install_proxy() {
+  local prefix="$PWD/.workshop/node"
+  [ -x "$prefix/node_modules/.bin/configurable-http-proxy" ] && return 0
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "error: npm not found; configurable-http-proxy (for fsdp-lab workshop) needs Node.js 20 or newer" >&2
+    return 1
+  fi
+  echo "installing $FSDP_LAB_PROXY_PIN into $prefix (npm)" >&2
+  if [ "${FSDP_LAB_PIP_DRY_RUN:-}" = 1 ]; then
+    echo "dry run: npm install --prefix $prefix $FSDP_LAB_PROXY_PIN"
+    return 0
+  fi
+  mkdir -p "$prefix" && npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error "$FSDP_LAB_PROXY_PIN" >&2
+}

@@ -45,7 +45,9 @@ would cross it in clear text.
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
-    parser.formatter_class = _EpilogFormatter
+    # the epilog keeps its lines; the options keep the command's defaults-in-help formatter
+    parser.formatter_class = type("WorkshopHelpFormatter", (argparse.RawDescriptionHelpFormatter,
+                                                          parser.formatter_class), {})
     parser.add_argument("class_list", type=path, help="file with one learner's user name a line")
     parser.add_argument("--instructor", action="append", default=[], metavar="NAME", required=True,
                         help="an instructor's user name (repeat for several): a hub admin, sees the class view")
@@ -69,10 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-install", action="store_true",
                         help="do not install JupyterHub or the proxy; fail if they are missing")
     parser.add_argument("--dry-run", action="store_true", help="write the settings and print them; start nothing")
-
-
-class _EpilogFormatter(argparse.RawDescriptionHelpFormatter):
-    pass
 
 
 def _err(text: str) -> int:
