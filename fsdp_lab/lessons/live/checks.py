@@ -219,7 +219,8 @@ def wrapped_units(model, block_cls: type) -> Verdict:
     if wrong:
         return wrong
     names = [u.name for u in model.units]
-    blocks = [name for name, m in model.module.named_modules() if isinstance(m, block_cls)]
+    blocks = [name.replace("._fsdp_wrapped_module", "") for name, m in model.module.named_modules()
+              if isinstance(m, block_cls)]  # a unit's module sits inside its FSDP instance
     if names == [ROOT]:
         return Verdict(False, f"one unit holds the whole model, so forward gathers all of it at once: pass an "
                               f"auto_wrap_policy that wraps each {block_cls.__name__}")
