@@ -90,15 +90,20 @@ def placements(t) -> tuple:
     return (tuple(str(p) for p in t.placements), t.device_mesh.mesh_dim_names) if isinstance(t, DTensor) else None
 
 
-def run_train(rank, world_size, lib, dp=2, tp=2, steps=3):
+def _train_and_describe(lib, dp, tp, steps):
     model, mesh = build(lib, dp, tp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses, norms = train(model, opt, mesh, steps)
     reshard_all(model)
-    return {"losses": losses, "norms": norms,
-            "params": {n: full(p) for n, p in model.named_parameters()},
-            "placements": {n: placements(p) for n, p in model.named_parameters()},
-            "local_shapes": {n: tuple(getattr(p, "_local_tensor", p).shape) for n, p in model.named_parameters()}}
+    return model, opt, mesh, {
+        "losses": losses, "norms": norms,
+        "params": {n: full(p) for n, p in model.named_parameters()},
+        "placements": {n: placements(p) for n, p in model.named_parameters()},
+        "local_shapes": {n: tuple(getattr(p, "_local_tensor", p).shape) for n, p in model.named_parameters()}}
+
+
+def run_train(rank, world_size, lib, dp=2, tp=2, steps=3):
+    return _train_and_describe(lib, dp, tp, steps)[3]
 
 
 def _described(state: dict) -> dict:
@@ -131,15 +136,8 @@ def state_dicts(model, opt) -> dict:
 
 
 def run_train_and_state_dicts(rank, world_size, lib, dp=2, tp=2, steps=3):
-    model, mesh = build(lib, dp, tp)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses, norms = train(model, opt, mesh, steps)
-    reshard_all(model)
-    return {"losses": losses, "norms": norms,
-            "params": {n: full(p) for n, p in model.named_parameters()},
-            "placements": {n: placements(p) for n, p in model.named_parameters()},
-            "local_shapes": {n: tuple(getattr(p, "_local_tensor", p).shape) for n, p in model.named_parameters()},
-            "state_dicts": state_dicts(model, opt) if mesh is not None else None}
+    model, opt, mesh, result = _train_and_describe(lib, dp, tp, steps)
+    return {**result, "state_dicts": state_dicts(model, opt) if mesh is not None else None}
 
 
 def build_1d(lib: str, world_size: int, seed: int = 0):
