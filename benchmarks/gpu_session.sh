@@ -28,6 +28,10 @@ LOG="$OUT/log.txt"
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 BUDGET_S=${BUDGET_S:-540}
+# TIME_SCALE stretches every step's limit (and the budget) on a slow or shared machine; the device keeps 1.
+TIME_SCALE=${TIME_SCALE:-1}
+case "$TIME_SCALE" in ''|*[!0-9]*|0) echo "gpu_session.sh: TIME_SCALE must be a positive integer, got '$TIME_SCALE'" >&2; exit 2;; esac
+BUDGET_S=$(( BUDGET_S * TIME_SCALE ))
 T0=$(date +%s)
 FAILED=()
 
@@ -35,7 +39,7 @@ say() { echo "$*" | tee -a "$LOG"; }
 
 # step NAME LIMIT_S CMD...: run CMD with a timeout of min(LIMIT_S, what is left), output appended to the log.
 step() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(( $2 * TIME_SCALE )); shift 2
   local left=$(( BUDGET_S - ($(date +%s) - T0) ))
   if [ "$left" -lt 20 ]; then say "=== SKIP $name: only ${left}s of the budget left"; FAILED+=("$name(skipped)"); return; fi
   [ "$limit" -gt "$left" ] && limit=$left
@@ -59,10 +63,10 @@ else
   DEV=(--device cpu --nproc-per-node 1); BIG=tiny; HUGE=small; SHORT=(--rounds 2 --steps-per-round 2); CHECKS=(--cpu-smoke)
 fi
 
-step gpu_checks 170 "$PY" benchmarks/gpu_checks.py ${CHECKS[@]+"${CHECKS[@]}"} --timeout 110 --out "$OUT/gpu_checks.txt"
+step gpu_checks 170 "$PY" benchmarks/gpu_checks.py ${CHECKS[@]+"${CHECKS[@]}"} --timeout $(( 110 * TIME_SCALE )) --out "$OUT/gpu_checks.txt"
 OPT=()  # AdamW defaults to fused on CUDA (the same for all three setups)
 step "bench_$BIG" 150 "$PY" -m fsdp_lab bench "${DEV[@]}" --preset "$BIG" ${SHORT[@]+"${SHORT[@]}"} \
-  --trace "$OUT/overlap_trace.json.gz" --json-out "$OUT/bench_369m.json" --timeout 140
+  --trace "$OUT/overlap_trace.json.gz" --json-out "$OUT/bench_369m.json" --timeout $(( 140 * TIME_SCALE ))
 # At world size 1 a setup that fails is reported in the JSON ("error") and the others still run: if one did
 # (fused AdamW on FSDP2's DTensors, say), retry once with foreach AdamW for all three, and use it at 1.3B too.
 some_failed() { [ -s "$1" ] && "$PY" -c "import json, sys; r = json.load(open(sys.argv[1]))['results']
@@ -70,23 +74,23 @@ sys.exit(0 if any('error' in row for row in r.values()) else 1)" "$1"; }
 if [ "$MODE" = gpu ] && some_failed "$OUT/bench_369m.json"; then
   OPT=(--optimizer foreach)
   step "bench_${BIG}_foreach" 120 "$PY" -m fsdp_lab bench "${DEV[@]}" --preset "$BIG" ${OPT[@]+"${OPT[@]}"} \
-    --trace "$OUT/overlap_trace.json.gz" --json-out "$OUT/bench_369m.json" --timeout 110
+    --trace "$OUT/overlap_trace.json.gz" --json-out "$OUT/bench_369m.json" --timeout $(( 110 * TIME_SCALE ))
 fi
 step "bench_$HUGE" 170 "$PY" -m fsdp_lab bench "${DEV[@]}" --preset "$HUGE" ${SHORT[@]+"${SHORT[@]}"} ${OPT[@]+"${OPT[@]}"} \
-  --json-out "$OUT/bench_1.3b.json" --timeout 160
+  --json-out "$OUT/bench_1.3b.json" --timeout $(( 160 * TIME_SCALE ))
 if [ "$MODE" = gpu ]; then
   step gloo_mem 130 "$PY" -m fsdp_lab bench --device cuda --backend gloo --nproc-per-node 2 --preset 369m \
-    --memory-only --memory-steps 2 --json-out "$OUT/gloo_mem.json" --timeout 120
+    --memory-only --memory-steps 2 --json-out "$OUT/gloo_mem.json" --timeout $(( 120 * TIME_SCALE ))
 else
   step gloo_mem 90 "$PY" -m fsdp_lab bench --device cpu --backend gloo --nproc-per-node 2 --preset tiny \
-    --memory-only --json-out "$OUT/gloo_mem.json" --timeout 80
+    --memory-only --json-out "$OUT/gloo_mem.json" --timeout $(( 80 * TIME_SCALE ))
 fi
 
 # The lifecycle traces chapters 03 and 06 replay, packed into one archive (unpack it into fsdp_lab/data/).
 if [ "$MODE" = gpu ]; then
-  step gpu_traces 150 "$PY" scripts/record_gpu_traces.py --out "$OUT/gpu_traces" --timeout 60
+  step gpu_traces 150 "$PY" scripts/record_gpu_traces.py --out "$OUT/gpu_traces" --timeout $(( 60 * TIME_SCALE ))
 else
-  step gpu_traces 120 "$PY" scripts/record_gpu_traces.py --device cpu --smoke --out "$OUT/gpu_traces" --timeout 60
+  step gpu_traces 120 "$PY" scripts/record_gpu_traces.py --device cpu --smoke --out "$OUT/gpu_traces" --timeout $(( 60 * TIME_SCALE ))
 fi
 if [ -d "$OUT/gpu_traces" ]; then
   tar -czf "$OUT/gpu_traces.tar.gz" -C "$OUT" gpu_traces && rm -rf "$OUT/gpu_traces"
