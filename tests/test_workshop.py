@@ -35,7 +35,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fsdp_lab.lessons.quiz.bank import load_chapter_by_key
 from fsdp_lab.lessons.quiz.progress import COLUMNS
+from fsdp_lab.lessons.quiz.questions import msg
+from fsdp_lab.lessons.quiz.scoring import QuizRun
 from fsdp_lab.training.launch import free_port
 from fsdp_lab.workshop import accounts, install
 from browser_helpers import CHROMIUM, CHROMIUM_ARGS, need_browser, run_cell, type_into
@@ -220,9 +223,9 @@ def browser_login(page, base: str, name: str, password: str) -> list:
     return page.context.cookies()
 
 
-def work_in_lab(page, other: str, letter: str) -> tuple:
+def work_in_lab(page, other: str, letters: str) -> tuple:
     """A fresh notebook from the launcher, the learner's cells typed in and run one by one with Shift+Enter,
-    the quiz answered by clicking an option and Submit. (the cells' output text as the page shows it, the
+    the quiz's first question answered by clicking its options `letters`, then Submit. (the cells' output text as the page shows it, the
     score and maximum the quiz's summary shows, the notebook's cells for what comes after)."""
     page.locator(".jp-LauncherCard[data-category='Notebook']").first.click()
     panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
@@ -241,9 +244,10 @@ def work_in_lab(page, other: str, letter: str) -> tuple:
     quiz = cells.nth(len(typed) - 1).locator(".fsdp-quiz")
     quiz.wait_for(timeout=120_000)
     first = quiz.locator(":scope > .widget-vbox").first  # the first question: its text, options, feedback
-    option = first.locator("label").filter(has_text=re.compile(rf"^\s*{letter}\. "))
-    option.click()
-    assert option.locator("input").is_checked(), f"option {letter} of Q1 is not selected after its click"
+    for letter in letters:
+        option = first.locator("label").filter(has_text=re.compile(rf"^\s*{letter}\. "))
+        option.click()
+        assert option.locator("input").is_checked(), f"option {letter} of Q1 is not selected after its click"
     submit = quiz.locator("button", has_text="Submit")
     graded = "el => /Score: /.test(el.innerText)"
     submit.click()
@@ -255,6 +259,7 @@ def work_in_lab(page, other: str, letter: str) -> tuple:
     shown = quiz.inner_text()
     found = re.search(r"Score: (\S+) / (\d+)", shown)
     assert found and "Progress saved to" in shown, shown
+    assert msg("en", "right") in first.inner_text(), first.inner_text()  # graded as clicked: the kernel got them
     return "\n".join(out), (float(found.group(1)), int(found.group(2))), cells
 
 
@@ -278,7 +283,9 @@ def test_a_class_on_one_hub(workshop, chromium):
     for c in browser_login(chromium, base, first, passwords[first]):
         s.cookies.set(c["name"], c["value"], domain=c["domain"], path=c["path"])
     sessions[first] = s
-    outputs[first], scores[first], cells = work_in_lab(chromium, others[first], "A")
+    right = QuizRun(load_chapter_by_key(CHAPTER), "en").shown[0].answer_letters  # as quiz(CHAPTER) shows it
+    outputs[first], scores[first], cells = work_in_lab(chromium, others[first], right)
+    assert scores[first][0] == 1, scores[first]  # Q1 right, the rest left blank
     for name in learners[1:]:
         sessions[name] = login(base, name, passwords[name])
         start_server(sessions[name], base, name, SPAWN_DEADLINE_S)
