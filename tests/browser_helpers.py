@@ -50,8 +50,9 @@ def run_cell(page, cell, timeout_s: float, want: str = "") -> str:
         if count.isdigit() and prompt.inner_text() != before and (not want or want in output):
             return output
         page.wait_for_timeout(250)
+    output = cell.locator(".jp-Cell-outputArea").first.inner_text()
     raise AssertionError(f"the cell did not finish within {timeout_s:.0f} s (prompt {prompt.inner_text()!r}, "
-                         f"want {want!r}); its output:\n{cell.locator('.jp-Cell-outputArea').first.inner_text()[-1500:]}")
+                         f"want {want!r}); its output:\n{output[-1500:]}")
 
 
 def type_into(page, cell, text: str) -> None:

@@ -224,9 +224,9 @@ def browser_login(page, base: str, name: str, password: str) -> list:
 
 
 def work_in_lab(page, other: str, letters: str) -> tuple:
-    """A fresh notebook from the launcher, the learner's cells typed in and run one by one with Shift+Enter,
-    the quiz's first question answered by clicking its options `letters`, then Submit. (the cells' output text as the page shows it, the
-    score and maximum the quiz's summary shows, the notebook's cells for what comes after)."""
+    """A fresh notebook from the launcher, the learner's cells typed in and run one by one with Shift+Enter, the
+    quiz's first question answered by clicking its options `letters`, then Submit. Returns the cells' output text
+    as the page shows it, (score, maximum) as the quiz's summary shows them, and the notebook's cells."""
     page.locator(".jp-LauncherCard[data-category='Notebook']").first.click()
     panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
     cells = panel.locator(".jp-CodeCell")
@@ -318,7 +318,7 @@ def test_a_class_on_one_hub(workshop, chromium):
         (n, CHAPTER, scores[n][0]) for n in learners)
 
     # the Chromium learner stops their live ranks in the page, and the class view sees them gone
-    stop = cells.nth(4)
+    stop = cells.last  # the empty cell Shift+Enter on the quiz's cell left below it
     type_into(chromium, stop, "ranks.stop()")
     run_cell(chromium, stop, 120)
     wait_for(f"{first}'s live ranks to end", lambda: class_table(instructor, view)[first]["ranks_running"] == 0, 60)
