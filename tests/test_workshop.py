@@ -318,7 +318,9 @@ def test_a_class_on_one_hub(workshop, chromium):
         (n, CHAPTER, scores[n][0]) for n in learners)
 
     # the Chromium learner stops their live ranks in the page, and the class view sees them gone
-    stop = cells.last  # the empty cell Shift+Enter on the quiz's cell left below it
+    # the empty cell Shift+Enter on the quiz's cell left below it, by its index: `.last` would move on to the
+    # cell that Shift+Enter on this one adds
+    stop = cells.nth(cells.count() - 1)
     type_into(chromium, stop, "ranks.stop()")
     run_cell(chromium, stop, 120)
     wait_for(f"{first}'s live ranks to end", lambda: class_table(instructor, view)[first]["ranks_running"] == 0, 60)
