@@ -27,6 +27,7 @@ import pytest
 from fsdp_lab.commands.lab import QUIET as LAB_QUIET
 from fsdp_lab.commands.lab import SETTINGS_DIR as LAB_SETTINGS_DIR
 from fsdp_lab.training.launch import free_port
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, flat, need_browser, run_cell, type_into
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(420)]
 
@@ -37,29 +38,10 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 # What an answer looks like once shown: a graded quiz's key, its explanation, an opened answer box.
 ANSWER_SHOWN = r"(^|\n)\s*(Answer: [A-H]|答案：[A-H]|Why: |解析：)|Hide the answers"
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM = os.environ.get("FSDP_LAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                 "--no-first-run", "--disable-component-update", "--disable-sync"]
 # Every cell in the DOM (no virtual scrolling), so the test can find widgets far down the notebook. The news
 # pop-up is left to the app settings `fsdp-lab lab` ships (fsdp_lab/commands/lab.py), which the server uses too.
 SETTINGS = {"@jupyterlab/notebook-extension": {"tracker.jupyterlab-settings": {"windowingMode": "none",
                                                                               "autoStartDefaultKernel": True}}}
-
-
-def _need_browser():
-    """Skip where no browser can be had; in CI (CI=true), where scripts/test.sh installs one, fail instead, so a
-    broken install cannot turn the browser test into a silent skip."""
-    missing = None
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing = "playwright is not installed (pip install playwright; Chromium comes from the system)"
-    if missing is None and not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        missing = f"Chromium not found at {CHROMIUM} (apt-get install -y chromium, or set FSDP_LAB_CHROMIUM)"
-    if missing and os.environ.get("CI") == "true":
-        pytest.fail(f"the browser test must run in CI: {missing}")
-    if missing:
-        pytest.skip(missing)
 
 
 def _get(url: str, timeout: float = 5.0):
@@ -70,7 +52,7 @@ def _get(url: str, timeout: float = 5.0):
 @contextlib.contextmanager
 def _serve(tmp_path: Path, root: Path):
     """A JupyterLab server on `root`, on a free port with a random token; always shut down, kernels first."""
-    _need_browser()
+    need_browser()
     settings = tmp_path / "settings"
     for plugin, files in SETTINGS.items():
         for name, value in files.items():
@@ -118,7 +100,7 @@ def _serve(tmp_path: Path, root: Path):
 @pytest.fixture
 def lab(tmp_path):
     """JupyterLab on a temporary copy of the solved chapters."""
-    _need_browser()
+    need_browser()
     root = tmp_path / "notebooks"
     root.mkdir()
     for chapter in CHAPTERS:
@@ -131,7 +113,7 @@ def lab(tmp_path):
 def learner_lab(tmp_path):
     """JupyterLab on the learner's copies, written into my-notebooks/ as `fsdp-lab lab` writes them (beside a
     temporary copy of the solved chapters)."""
-    _need_browser()
+    need_browser()
     from fsdp_lab.commands.lab import learner_copies
 
     solved = tmp_path / "course" / "notebooks"
@@ -359,39 +341,6 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(resp.read().decode())
 
 
-def _flat(text: str) -> str:
-    return " ".join(text.replace("\u200b", "").split())
-
-
-def _run_cell(page, cell, timeout_s: float, want: str = "") -> str:
-    """Run one code cell as a learner does (Shift+Enter in its editor); done when its prompt shows a new count
-    (counts only grow in a kernel) and, if `want` is given, its output shows it. Returns the output's text."""
-    prompt = cell.locator(".jp-InputPrompt").first
-    before = prompt.inner_text()
-    cell.scroll_into_view_if_needed()
-    cell.locator(".jp-InputArea-editor").first.click()
-    page.keyboard.press("Shift+Enter")
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        count = prompt.inner_text().strip().strip("[]:").strip()
-        output = cell.locator(".jp-Cell-outputArea").first.inner_text()
-        if count.isdigit() and prompt.inner_text() != before and (not want or want in output):
-            return output
-        page.wait_for_timeout(250)
-    raise AssertionError(f"the cell did not finish within {timeout_s:.0f} s (prompt {prompt.inner_text()!r}, "
-                         f"want {want!r}); its output:\n{cell.locator('.jp-Cell-outputArea').first.inner_text()[-1500:]}")
-
-
-def _type_into(page, cell, text: str) -> None:
-    """Replace the cell's text with `text`, as typed (one insertion: no auto-indent or closing brackets added)."""
-    editor = cell.locator(".jp-InputArea-editor .cm-content").first
-    editor.click()
-    page.keyboard.press("Control+A")
-    page.keyboard.insert_text(text)
-    shown = _flat(editor.inner_text())
-    assert shown == _flat(text), f"the editor holds {shown[:300]!r}, not what was typed"
-
-
 def _written(solved: str) -> str:
     """An exercise cell as the learner leaves it once done: the solved cell without its markers and stubs."""
     from fsdp_lab.lessons import student_copy as sc
@@ -446,15 +395,15 @@ def test_learner_copies_show_every_stub_and_each_check_says_not_written_yet(lear
                 cells = panel.locator(".jp-Cell")
                 assert cells.count() == len(copy["cells"]), f"{chapter.name}: {cells.count()} cells rendered"
 
-                text = _flat(panel.inner_text())  # nothing run yet: the notes and every cell as the copy has them
+                text = flat(panel.inner_text())  # nothing run yet: the notes and every cell as the copy has them
                 for cell_id, blocks in solutions.items():
                     for line in (ln for b in blocks for ln in distinctive_lines(b)):
                         assert line not in text, f"{chapter.name}: the solution of {cell_id} shows: {line!r}"
                 index = {c["id"]: i for i, c in enumerate(copy["cells"])}
                 for cell_id in marked:
-                    shown = _flat(cells.nth(index[cell_id]).locator(".jp-InputArea-editor").first.inner_text())
+                    shown = flat(cells.nth(index[cell_id]).locator(".jp-InputArea-editor").first.inner_text())
                     for line in sc._text(copy["cells"][index[cell_id]]["source"]).splitlines():
-                        assert _flat(line) in shown, f"{chapter.name} cell {cell_id}: {line!r} not shown"
+                        assert flat(line) in shown, f"{chapter.name} cell {cell_id}: {line!r} not shown"
 
                 turn = [c["id"] for c in your_turn_cells(solved) if c["cell_type"] == "code"]
                 last = max(i for i, cell_id in enumerate(turn) if cell_id in marked)
@@ -464,32 +413,32 @@ def test_learner_copies_show_every_stub_and_each_check_says_not_written_yet(lear
                     if "live.start(" in source:
                         if ranks_started:
                             continue  # [Note: one kernel for every chapter]
-                        _run_cell(page, cell, 240)
+                        run_cell(page, cell, 240)
                         ranks_started = True
                         continue
                     if cell_id not in marked:
-                        out = _run_cell(page, cell, 180)
+                        out = run_cell(page, cell, 180)
                         assert "Traceback" not in out and "not written yet" not in out, f"{cell_id}:\n{out[-1500:]}"
                         continue
-                    out = _run_cell(page, cell, 180, want="not written yet")
+                    out = run_cell(page, cell, 180, want="not written yet")
                     assert "Traceback" not in out, f"{chapter.name} cell {cell_id}, the stub gave:\n{out[-1500:]}"
                     checked.setdefault(chapter.name, []).append(cell_id)
                     if first_exercise:
                         cell.screenshot(path=str(ARTIFACTS / f"browser-learner-{chapter.stem}-stub.png"))
                         button = cells.nth(index[cell_id] + 1)
-                        _run_cell(page, button, 60, want="Show the solution")
+                        run_cell(page, button, 60, want="Show the solution")
                         button.locator("button", has_text="Show the solution").click()
                         line = distinctive_lines(solutions[cell_id][0])[0]
                         page.wait_for_function("([el, s]) => el.innerText.replace(/\\s+/g, ' ').includes(s)",
                                                arg=[button.element_handle(), line], timeout=30_000)
                         first_exercise = False
-                    _type_into(page, cell, _written(source))
-                    out = _run_cell(page, cell, 180)
+                    type_into(page, cell, _written(source))
+                    out = run_cell(page, cell, 180)
                     assert not re.search(r"not written yet|not yet|Traceback", out), \
                         f"{chapter.name} cell {cell_id}, the solution typed in gave:\n{out[-1500:]}"
                 if chapter == chapters[-1]:
                     stop = next(c["id"] for c in your_turn_cells(solved) if "live_ranks.stop()" in sc._text(c["source"]))
-                    _run_cell(page, cells.nth(index[stop]), 60)
+                    run_cell(page, cells.nth(index[stop]), 60)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "browser-learner-failure.png"))
             (ARTIFACTS / "browser-learner-failure.html").write_text(page.content())

@@ -1,18 +1,22 @@
 """`fsdp-lab workshop`: a real JupyterHub on 127.0.0.1 with three learners as real Unix users and one instructor.
 
-Each learner logs in over HTTP (the first in Chromium), gets a server, runs a `%%ranks` cell on two CPU live
-ranks of their own through the kernel's websocket, and answers a quiz question. The class view lists the three
-with those scores, live ranks running and the CSV in `fsdp-lab scores`'s format; pushing a chapter adds a fresh
+Each learner logs in over HTTP, gets a server, starts two CPU live ranks of their own, runs a `%%ranks` cell on
+them and answers a quiz question. The first does it in Chromium as a person would: a fresh notebook from
+JupyterLab's launcher, each cell typed and run with Shift+Enter, the quiz widget answered with a click on an
+option and on Submit, every result read from the page; the other two through the kernel's websocket. The class
+view lists the three with those scores, live ranks running and the CSV in `fsdp-lab scores`'s format; the
+Chromium learner's `ranks.stop()` then shows there as no ranks running; pushing a chapter adds a fresh
 copy beside a learner's work and changes none of it. A learner gets 403 for the class view and for another
 learner's server, and cannot read another's files. Stopping the command leaves no process of any of them. The
 GPU shares are checked disjoint on a stand-in device list (--gpus 0,1,2,3,4,5; there is no GPU here): each
 kernel sees its own CUDA_VISIBLE_DEVICES.
 
 Needs root (to make Unix users and run the hub as root); otherwise it skips and says so. The users it made are
-removed at the end, however it ends.
+removed at the end, however it ends. The page as the test left it is saved in artifacts/ (gitignored).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -31,14 +35,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from fsdp_lab.lessons.quiz.bank import load_chapter_by_key
 from fsdp_lab.lessons.quiz.progress import COLUMNS
+from fsdp_lab.lessons.quiz.questions import msg
+from fsdp_lab.lessons.quiz.scoring import QuizRun
 from fsdp_lab.training.launch import free_port
 from fsdp_lab.workshop import accounts, install
+from browser_helpers import CHROMIUM, CHROMIUM_ARGS, need_browser, run_cell, type_into
 from workshop_helpers import login, new_kernel, own_token, run_code, start_server, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = os.environ.get("FSDP_LAB_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+ARTIFACTS = ROOT / "artifacts"
 SHARES = ["0,1", "2,3", "4,5"]  # --gpus 0,1,2,3,4,5 --gpus-per-learner 2, in class-list order
 CHAPTER = "03"
 CELL_DEADLINE_S = 300
@@ -151,82 +158,151 @@ def _fail(proc, tmp_path):
                          f"{(tmp_path / 'workshop.log').read_text()[-3000:]}")
 
 
-def browser_login(base: str, name: str, password: str):
-    """Log in and open the learner's JupyterLab in Chromium; the hub's cookies, for the API calls after."""
+@pytest.fixture
+def chromium():
+    """Chromium for the learner who works in the page; closed however the test ends."""
+    need_browser()
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page()
-            page.goto(f"{base}/hub/login", timeout=60_000)
-            page.fill("#username_input", name)
-            page.fill("#password_input", password)
-            page.click("#login_submit")
-            page.wait_for_url(re.compile(rf".*/user/{name}/lab.*"), timeout=SPAWN_DEADLINE_S * 1000)
-            page.wait_for_selector(".jp-Launcher, .jp-DirListing", timeout=120_000)
-            cookies = page.context.cookies()
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            page.set_default_timeout(60_000)
+            page.on("dialog", lambda dialog: dialog.accept())  # "leave the page?" once a cell has been typed into
+            yield page
+            ARTIFACTS.mkdir(exist_ok=True)  # the page as the test left it, passed or failed
+            with contextlib.suppress(PlaywrightError):
+                page.screenshot(path=str(ARTIFACTS / "workshop-chromium.png"))
+                (ARTIFACTS / "workshop-chromium.html").write_text(page.content())
         finally:
             browser.close()
-    return cookies
 
 
-LEARNER_CELL = """\
+# What every learner runs: the share this server sees and two live ranks, a `%%ranks` cell on them, another
+# learner's file (refused), the chapter's quiz. In the page, each is a cell of its own, typed and run with
+# Shift+Enter, and the quiz is answered with its buttons; over the API, one cell calls the quiz's methods.
+SHARE_CELL = """\
 import os
 from fsdp_lab.lessons import live
-from fsdp_lab.lessons.quiz.widget import quiz
 print("CUDA_VISIBLE_DEVICES=" + repr(os.environ.get("CUDA_VISIBLE_DEVICES")))
-ranks = live.start(2)
-get_ipython().run_cell_magic("ranks", "", "import torch.distributed as dist\\nprint('group', dist.get_world_size(), rank)")
-w = quiz({chapter!r})
-w.select(0, {letter!r})
-print("QUIZ", w.submit(), w.run.max_score)
+ranks = live.start(2)"""
+RANKS_BODY = "import torch.distributed as dist\nprint('group', dist.get_world_size(), rank)"
+READ_OTHER_CELL = """\
 try:
     open({other!r}).read()
     print("READ OTHER: yes")
 except PermissionError:
-    print("READ OTHER: refused")
-"""
+    print("READ OTHER: refused")"""
+QUIZ_CELL = "from fsdp_lab.lessons.quiz.widget import quiz\nquiz({chapter!r})"
+API_QUIZ = ("from fsdp_lab.lessons.quiz.widget import quiz\nw = quiz({chapter!r})\nw.select(0, {letter!r})\n"
+            "print('QUIZ', w.submit(), w.run.max_score)")
 
 
-def test_a_class_on_one_hub(workshop):
+def api_cell(chapter: str, letter: str, other: str) -> str:
+    return "\n".join([SHARE_CELL, f"get_ipython().run_cell_magic('ranks', '', {RANKS_BODY!r})",
+                      READ_OTHER_CELL.format(other=other), API_QUIZ.format(chapter=chapter, letter=letter)])
+
+
+def assert_learner_ran(out: str, share: str) -> None:
+    assert f"CUDA_VISIBLE_DEVICES='{share}'" in out, out
+    assert "[rank 0] group 2 0" in out and "[rank 1] group 2 1" in out, out
+    assert "READ OTHER: refused" in out, out
+
+
+def browser_login(page, base: str, name: str, password: str) -> list:
+    """Log in at the hub's form and wait for the learner's JupyterLab, which the hub starts on login; the
+    hub's cookies, for the API calls after."""
+    page.goto(f"{base}/hub/login", timeout=60_000)
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(rf".*/user/{name}/lab.*"), timeout=SPAWN_DEADLINE_S * 1000)
+    page.locator(".jp-Launcher").wait_for(timeout=120_000)
+    return page.context.cookies()
+
+
+def work_in_lab(page, other: str, letters: str) -> tuple:
+    """A fresh notebook from the launcher, the learner's cells typed in and run one by one with Shift+Enter, the
+    quiz's first question answered by clicking its options `letters`, then Submit. Returns the cells' output text
+    as the page shows it, (score, maximum) as the quiz's summary shows them, and the notebook's cells."""
+    page.locator(".jp-LauncherCard[data-category='Notebook']").first.click()
+    panel = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden)")
+    cells = panel.locator(".jp-CodeCell")
+    cells.first.wait_for()
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for(timeout=120_000)  # the kernel is up
+    out = []
+    typed = [(SHARE_CELL, "CUDA_VISIBLE_DEVICES="), ("%%ranks\n" + RANKS_BODY, "[rank 1]"),
+             (READ_OTHER_CELL.format(other=other), "READ OTHER:"), (QUIZ_CELL.format(chapter=CHAPTER), "")]
+    for i, (code, want) in enumerate(typed):
+        cell = cells.nth(i)  # Shift+Enter on the cell before added it, as on a notebook's last cell
+        cell.wait_for()
+        type_into(page, cell, code)
+        out.append(run_cell(page, cell, CELL_DEADLINE_S, want=want))
+
+    quiz = cells.nth(len(typed) - 1).locator(".fsdp-quiz")
+    quiz.wait_for(timeout=120_000)
+    first = quiz.locator(":scope > .widget-vbox").first  # the first question: its text, options, feedback
+    for letter in letters:
+        option = first.locator("label").filter(has_text=re.compile(rf"^\s*{letter}\. "))
+        option.click()
+        assert option.locator("input").is_checked(), f"option {letter} of Q1 is not selected after its click"
+    submit = quiz.locator("button", has_text="Submit")
+    graded = "el => /Score: /.test(el.innerText)"
+    submit.click()
+    page.wait_for_function(f"el => /left blank/.test(el.innerText) || ({graded})(el)",
+                           arg=quiz.element_handle(), timeout=60_000)
+    if "Score: " not in quiz.inner_text():  # the other questions were left blank: it warns once, then grades
+        submit.click()
+        page.wait_for_function(graded, arg=quiz.element_handle(), timeout=60_000)
+    shown = quiz.inner_text()
+    found = re.search(r"Score: (\S+) / (\d+)", shown)
+    assert found and "Progress saved to" in shown, shown
+    assert msg("en", "right") in first.inner_text(), first.inner_text()  # graded as clicked: the kernel got them
+    return "\n".join(out), (float(found.group(1)), int(found.group(2))), cells
+
+
+def class_table(instructor, view: str) -> dict:
+    table = instructor.get(f"{view}/api/class", timeout=60)
+    assert table.status_code == 200, (table.status_code, table.text[:300])
+    return {row["name"]: row for row in table.json()}
+
+
+def test_a_class_on_one_hub(workshop, chromium):
     import requests
 
     base, learners, passwords = workshop["base"], workshop["learners"], workshop["passwords"]
-    sessions, tokens, outputs, kernels = {}, {}, {}, {}
-    # the first learner logs in in Chromium; the hub starts their server on login
-    _need(Path(CHROMIUM).exists(), f"Chromium not at {CHROMIUM}")
+    sessions, tokens, outputs, scores = {}, {}, {}, {}
+    others = {name: str(Path(pwd.getpwnam(learners[(i + 1) % 3]).pw_dir) / "my-notebooks" / "01-core-idea.ipynb")
+              for i, name in enumerate(learners)}
+    # the first learner logs in in Chromium (the hub starts their server on login) and works in the page
     first = learners[0]
     s = requests.Session()
     s.trust_env = False
-    for c in browser_login(base, first, passwords[first]):
+    for c in browser_login(chromium, base, first, passwords[first]):
         s.cookies.set(c["name"], c["value"], domain=c["domain"], path=c["path"])
     sessions[first] = s
+    right = QuizRun(load_chapter_by_key(CHAPTER), "en").shown[0].answer_letters  # as quiz(CHAPTER) shows it
+    outputs[first], scores[first], cells = work_in_lab(chromium, others[first], right)
+    assert scores[first][0] == 1, scores[first]  # Q1 right, the rest left blank
     for name in learners[1:]:
         sessions[name] = login(base, name, passwords[name])
         start_server(sessions[name], base, name, SPAWN_DEADLINE_S)
     for i, name in enumerate(learners):
         tokens[name] = own_token(sessions[name], base, name)
-        kernels[name] = new_kernel(base, name, tokens[name])
-        other = str(Path(pwd.getpwnam(learners[(i + 1) % 3]).pw_dir) / "my-notebooks" / "01-core-idea.ipynb")
-        code = LEARNER_CELL.format(chapter=CHAPTER, letter="ABC"[i], other=other)
-        outputs[name] = run_code(base, name, tokens[name], kernels[name], code, CELL_DEADLINE_S)
-        out = outputs[name]
-        assert f"CUDA_VISIBLE_DEVICES='{SHARES[i]}'" in out, out
-        assert "[rank 0] group 2 0" in out.replace("\n", " ") or "group 2 0" in out, out
-        assert "group 2 1" in out, out
-        assert "READ OTHER: refused" in out, out
-    scores = {}
-    for name in learners:
-        found = re.search(r"QUIZ (\S+) (\d+)", outputs[name])
-        assert found, outputs[name]
-        scores[name] = (float(found.group(1)), int(found.group(2)))
+        if name != first:
+            code = api_cell(CHAPTER, "ABC"[i], others[name])
+            outputs[name] = run_code(base, name, tokens[name], new_kernel(base, name, tokens[name]), code,
+                                     CELL_DEADLINE_S)
+            found = re.search(r"QUIZ (\S+) (\d+)", outputs[name])
+            assert found, outputs[name]
+            scores[name] = (float(found.group(1)), int(found.group(2)))
+        assert_learner_ran(outputs[name], SHARES[i])
 
     instructor = login(base, workshop["instructor"], passwords[workshop["instructor"]])
     view = f"{base}/services/class-view"
-    table = instructor.get(f"{view}/api/class", timeout=60)
-    assert table.status_code == 200, (table.status_code, table.text[:300])
-    by_name = {row["name"]: row for row in table.json()}
+    by_name = class_table(instructor, view)
     assert sorted(by_name) == sorted(learners)
     for name in learners:
         row = by_name[name]
@@ -240,6 +316,14 @@ def test_a_class_on_one_hub(workshop):
     assert tuple(rows[0]) == COLUMNS
     assert sorted((r[1], r[2], float(r[3])) for r in rows[1:]) == sorted(
         (n, CHAPTER, scores[n][0]) for n in learners)
+
+    # the Chromium learner stops their live ranks in the page, and the class view sees them gone
+    # the empty cell Shift+Enter on the quiz's cell left below it, by its index: `.last` would move on to the
+    # cell that Shift+Enter on this one adds
+    stop = cells.nth(cells.count() - 1)
+    type_into(chromium, stop, "ranks.stop()")
+    run_cell(chromium, stop, 120)
+    wait_for(f"{first}'s live ranks to end", lambda: class_table(instructor, view)[first]["ranks_running"] == 0, 60)
 
     # a fresh chapter for everyone, beside their work, which stays as it was
     homes = {n: Path(pwd.getpwnam(n).pw_dir) / "my-notebooks" for n in learners}

@@ -3,6 +3,7 @@ Jupyter REST and kernel-websocket API. Every wait has a deadline."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -97,8 +98,11 @@ async def _execute(ws_url: str, token: str, code: str, deadline_s: float) -> str
 
 
 def run_code(base: str, name: str, token: str, kernel_id: str, code: str, deadline_s: float) -> str:
+    """The cell's output. Its event loop runs in a thread of its own: a caller may hold one already (playwright's
+    sync API keeps its loop running while a browser is open), and asyncio.run refuses to start beside it."""
     ws = f"{base.replace('http://', 'ws://')}/user/{name}/api/kernels/{kernel_id}/channels"
-    return asyncio.run(_execute(ws, token, code, deadline_s))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, _execute(ws, token, code, deadline_s)).result()
 
 
 def new_kernel(base: str, name: str, token: str) -> str:
