@@ -83,7 +83,8 @@ CASES = (solution, stub, fsdp_before_tp, whole_mesh, no_root, ac_after_fsdp, no_
 
 
 def run_cases(rank: int, world_size: int) -> dict:
-    out = {}
+    v = checks.apply_order(solution, world_size, eager=False)
+    out = {"solution_compiled": (v.ok, v.todo, v.message)}
     for case in CASES:
         v = checks.apply_order(case, world_size)
         out[case.__name__] = (v.ok, v.todo, v.message)

@@ -21,11 +21,12 @@ def _wrong(case, *words):
         assert word in message, message
 
 
-def test_the_solution_passes_with_the_single_process_loss_on_every_rank(cases):
+def test_the_solution_passes_eager_and_compiled_with_the_single_process_loss_on_every_rank(cases):
     for got in cases:
-        ok, todo, message = got["solution"]
-        assert ok and not todo, message
-        assert "(2, 2) mesh" in message and "as one process" in message
+        for case, how in (("solution", "run eagerly"), ("solution_compiled", "compiled")):
+            ok, todo, message = got[case]
+            assert ok and not todo, message
+            assert "(2, 2) mesh" in message and f"({how})" in message and "as one process" in message
 
 
 def test_the_stub_is_not_written_yet(cases):

@@ -72,14 +72,17 @@ def tp_plan() -> dict:
     return {"w1": ColwiseParallel(), "w2": RowwiseParallel()}
 
 
-def tp_then_fsdp(model: Net, mesh) -> Net:
-    """apply_tp then apply_fsdp: the two lines the chapter starts from (the exercise adds ac and compile)."""
+def tp_then_fsdp(model: Net, mesh, checkpoint: bool = False) -> Net:
+    """apply_tp then apply_fsdp, the two steps the chapter starts from; checkpoint: apply_ac between them (tp's
+    plan names the block's own submodules, which a checkpoint_wrapper would hide, so tp must come first)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     from fsdp_lab import fully_shard
 
     for block in model.layers:
         parallelize_module(block, mesh["tp"], tp_plan())
+    if checkpoint:
+        checkpointed(model)
     for block in model.layers:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])

@@ -14,10 +14,14 @@ for each wrong order:
     compile           each block's compiled call set (module.compile()), or an OptimizedModule.
     the root          the model itself an FSDPModule: without it each block is a root of its own, and the
                       root's own parameters (none here; a GPT's embedding and head) stay whole on every rank.
-Then one forward and backward must give the single-process loss of the same model, to float32 rounding.
+Then one forward and backward must give the single-process loss of the same model, to float32 rounding. By
+default that step runs under torch.compiler.set_stance("force_eager"): the order is read off the model either
+way, and compiling a tp block on four ranks sharing two cores takes longer than a notebook cell should;
+eager=False runs it compiled (tests/test_apply_order.py does, for the solution).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -70,9 +74,10 @@ def _explained(err: Exception) -> str:
     return f"parallelize raised {type(err).__name__}: {text[:300]}"
 
 
-def apply_order(fn: Callable, world_size: int) -> Verdict:
+def apply_order(fn: Callable, world_size: int, eager: bool = True) -> Verdict:
     """`fn(model, mesh)` applies tp, ac, compile and fsdp to the chapter's model on a fresh ("dp", "tp") mesh of
-    `world_size` ranks; the order is read off the result, then one step is compared with one process."""
+    `world_size` ranks; the order is read off the result, then one step is compared with one process (the
+    compiled blocks run eagerly unless eager=False)."""
     from fsdp_lab.lessons.experiments.composing import batch, build, mesh_2d
 
     mesh = mesh_2d(world_size)
@@ -91,12 +96,14 @@ def apply_order(fn: Callable, world_size: int) -> Verdict:
     if problem:
         return Verdict(False, problem)
     x = batch(mesh)
-    loss = model(x).pow(2).mean()
-    loss.backward()
+    with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
+        loss = model(x).pow(2).mean()
+        loss.backward()
     plain = build(seed=3)
     want = plain(x).pow(2).mean()
     if abs(loss.item() - want.item()) > 1e-5 * max(1.0, abs(want.item())):
         return Verdict(False, f"the order is right but one step's loss is {loss.item():.6f}, one process gives "
                               f"{want.item():.6f}")
-    return Verdict(True, f"apply_tp → apply_ac → apply_compile → apply_fsdp on the {tuple(mesh.shape)} mesh: "
-                         f"loss {loss.item():.6f}, as one process")
+    how = "run eagerly" if eager else "compiled"
+    return Verdict(True, f"torchtitan's order on the {tuple(mesh.shape)} mesh; one step ({how}): loss "
+                         f"{loss.item():.6f}, as one process")
