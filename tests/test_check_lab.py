@@ -68,7 +68,7 @@ def _status(chapters):
 
 def test_chapter_plan_cpu_with_gloo():
     status = _status(check.chapter_plan(gpu_count=0, gloo_ok=True))
-    assert len(status) == 12 and list(status) == [f"{i:02d}" for i in range(7)] + ["06a"] + [
+    assert len(status) == 13 and list(status) == [f"{i:02d}" for i in range(7)] + ["06a", "06c"] + [
         f"{i:02d}" for i in range(7, 11)]
     assert [status[c] for c in ("03", "06")] == ["mixed"] * 2  # live ranks, no GPU memory here
     assert all(status[c] == "live" for c in ("00", "01", "02", "04", "05", "06a", "07", "08", "09", "10"))
@@ -112,7 +112,7 @@ def test_check_json_is_one_object_with_everything(capsys):
     assert info["python"] == ".".join(map(str, sys.version_info[:3]))
     assert info["gloo"]["ok"] is True, info["gloo"]
     every = sorted(sum(info["verdict"].values(), []))
-    assert every == sorted([f"{i:02d}" for i in range(11)] + ["06a"])
+    assert every == sorted([f"{i:02d}" for i in range(11)] + ["06a", "06c"])
     import torch
     assert len(info["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
@@ -122,7 +122,7 @@ def test_check_text_ends_with_a_verdict_on_a_cpu_machine(capsys, monkeypatch):
     assert cli.main(["check", "--no-gloo"]) == 0
     out = capsys.readouterr().out
     verdict = out[out.index("Verdict:"):]
-    assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 06a, 08, 09" in verdict
+    assert "not checked (need the gloo probe; run without --no-gloo): 00, 01, 02, 03, 04, 05, 06, 06a, 06c, 08, 09" in verdict
     assert "show saved outputs only: none" in verdict and "FAILED" not in out  # nothing was tried, nothing failed
     assert "run live here: 07, 10" in verdict
     assert "2-rank gloo on 127.0.0.1: not checked (--no-gloo)" in out
@@ -135,7 +135,7 @@ def test_check_exits_1_when_the_gloo_probe_fails(capsys, monkeypatch):
     assert cli.main(["check"]) == 1
     captured = capsys.readouterr()
     assert "2-rank gloo on 127.0.0.1: FAILED: rank 1: boom" in captured.out
-    assert "show saved outputs only: 00, 01, 02, 03, 04, 05, 06, 06a, 08, 09" in captured.out
+    assert "show saved outputs only: 00, 01, 02, 03, 04, 05, 06, 06a, 06c, 08, 09" in captured.out
     assert captured.err.strip() == "fsdp-lab check: the 2-rank gloo probe failed: rank 1: boom"
 
 
