@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from numbers import Real
 
 from fsdp_lab.theory.formulas import (ATTENTION, GB, STRATEGIES, _ceil_div, _check, _exact,
-                                      activation_bytes_per_layer, m_ddp, m_zero1, m_zero2, m_zero3, n_min)
+                                      activation_bytes_per_layer, m_ddp, m_zero1, m_zero2, m_zero3, n_min,
+                                      node_traffic)
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 _STAGE = {"DDP": "DDP", "NOSHARD": "DDP", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2", "SHARDGRADOP": "ZeRO-2",
@@ -111,16 +112,16 @@ class Plan:
         the node, so 16Φ/G; each node keeps a whole copy (the replicas). With one node it is ZeRO-3's 16Φ/N."""
         return math.ceil(16 * self.params / self.shard_group)
 
-    def comm_bytes_per_step(self) -> dict:
-        """Bytes one rank sends per step, ring counts ([Note: ring byte counts] in fsdp_lab/observe/traffic.py),
-        every collective in the `precision`'s bytes (torch's reduce_dtype defaults to param_dtype):
-            intra_node  all-gather in forward, re-gather in backward, reduce-scatter: 3·(G-1)/G·b·Φ
-            inter_node  HSDP's all-reduce of the reduced gradient shard across the nodes: 2·(M-1)/M·b·Φ/G
-        Without HSDP (nodes=1) every rank is in one group of N and inter_node is 0; on several nodes without
-        HSDP that one ring of N ranks runs over the links between the nodes too."""
-        b, g, m = PRECISION_BYTES[self.precision], self.shard_group, self.nodes
-        return {"intra_node": math.ceil(3 * (g - 1) * b * self.params / g),
-                "inter_node": math.ceil(2 * (m - 1) * b * math.ceil(self.params / g) / m)}
+    def comm_bytes_per_step(self, reduce_bytes: int = 4) -> dict:
+        """Bytes one rank sends per step, inside a node and across nodes: formulas.node_traffic with the gathers
+        in the `precision`'s bytes and the reduction in `reduce_bytes` (4: fp32, the course's MixedPrecision).
+        Under HSDP (nodes > 1) only the all-reduce of the reduced gradient shard, 2·(M-1)/M·(Φ/G)·reduce_bytes,
+        crosses nodes; on one node nothing does. It counts three passes over every unit: FSDP1 keeps the root
+        unit gathered from forward to backward, so a run sends one root gather less."""
+        traffic = node_traffic(self.params, self.shard_group, self.nodes,
+                               "HYBRID_SHARD" if self.nodes > 1 else "FULL_SHARD",
+                               param_bytes=PRECISION_BYTES[self.precision], reduce_bytes=reduce_bytes)
+        return {"intra_node": math.ceil(traffic.intra_node), "inter_node": math.ceil(traffic.inter_node)}
 
     @property
     def cpu_offload_gpu_bytes(self) -> int:
