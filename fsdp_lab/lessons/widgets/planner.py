@@ -1,5 +1,5 @@
-"""Planner: sliders for Φ, N, GPU memory, strategy, precision, sequence length, micro-batch, recompute and the
-attention kind; the article's formula beside a measured point.
+"""Planner: sliders for Φ, N, GPU memory, strategy, precision, sequence length, micro-batch, recompute, the
+attention kind, HSDP's nodes and CPU offload; the article's formula beside a measured point.
 
     Planner()                                          # formulas only
     Planner(measured=MeasuredPoint.from_run(run))      # plus a real run's bytes next to the prediction
@@ -123,7 +123,8 @@ class Planner(QuietRepr, widgets.VBox):
     def preview_html(self) -> str:
         return self.formula.value + self._measured_html()
     def __init__(self, measured: Optional[MeasuredPoint] = None, phi: float = 7e9, n: int = 8,
-                 gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16"):
+                 gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16", nodes: int = 1,
+                 cpu_offload: bool = False):
         self.measured = measured
         style = {"description_width": "130px"}
         wide = widgets.Layout(width="460px")
@@ -149,9 +150,10 @@ class Planner(QuietRepr, widgets.VBox):
             description="attention", tooltips=["no s×s scores kept (what current models run)",
                                                "the article's sbh(34 + 5as/h): the s×s scores kept"],
             style={"description_width": "130px", "button_width": "130px"})
-        self.nodes = widgets.Dropdown(options=[1, 2, 4, 8, 16], value=1, description="nodes (HSDP)",
+        self.nodes = widgets.Dropdown(options=sorted({1, 2, 4, 8, 16, nodes}), value=nodes,
+                                      description="nodes (HSDP)",
                                       style=style, layout=widgets.Layout(width="260px"))
-        self.cpu_offload = widgets.Checkbox(value=False, description="CPU offload (params, grads, Adam on the host)",
+        self.cpu_offload = widgets.Checkbox(value=cpu_offload, description="CPU offload (params, grads, Adam on the host)",
                                             indent=False, layout=widgets.Layout(margin="0 0 0 134px"))
         self.use_measured = widgets.Button(description="set every control to the measured run",
                                            disabled=measured is None, layout=widgets.Layout(width="280px"))
