@@ -158,7 +158,7 @@ def offload_cost(rank: int, world_size: int, preset: str = "small", steps: int =
     return out
 
 
-def _next_batch_loss(model, rank: int, world_size: int, cfg: GPTConfig, step: int) -> float:
+def next_batch_loss(model, rank: int, world_size: int, cfg: GPTConfig, step: int) -> float:
     """The mean loss over the global batch of `step`, whatever the world size (equal slices per rank)."""
     x, y = (rank_slice(t, rank, world_size) for t in batch_for_step(cfg, step, GLOBAL_BATCH, SEQ))
     with torch.no_grad():
@@ -181,7 +181,7 @@ def save_for_reshard(rank: int, world_size: int, directory: str) -> dict:
         opt.zero_grad()
     path = checkpoint.save(model, None, directory, step=2)  # the parameters only: the course ships this one
     return {"rank": rank, "world_size": world_size, "path": str(path), "shard_numel": shard_bytes(model) // 4,
-            "next_loss": _next_batch_loss(model, rank, world_size, HSDP_CFG, 2)}
+            "next_loss": next_batch_loss(model, rank, world_size, HSDP_CFG, 2)}
 
 
 def load_resharded(rank: int, world_size: int, path: str) -> dict:
@@ -193,5 +193,5 @@ def load_resharded(rank: int, world_size: int, path: str) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     meta = checkpoint.load(model, opt, path)
     return {"rank": rank, "world_size": world_size, "saved_world_size": meta["world_size"], "step": meta["step"],
-            "shard_numel": shard_bytes(model) // 4, "next_loss": _next_batch_loss(model, rank, world_size,
+            "shard_numel": shard_bytes(model) // 4, "next_loss": next_batch_loss(model, rank, world_size,
                                                                                   HSDP_CFG, 2)}
