@@ -76,7 +76,7 @@ def run_two_nodes(directory: str | os.PathLike, timeout_s: float = 150.0) -> dic
     return {"commands": [shown(c) for c in cmds], "seconds": time.monotonic() - start, "ranks": ranks}
 
 
-STORED = Path(__file__).resolve().parents[2] / "data" / "runs" / "06b-beyond-one-node"
+STORED = Path(__file__).resolve().parents[2] / "data" / "runs" / "06b-beyond-one-node"  # widgets/stored_runs.py
 
 
 def record(target: str | os.PathLike = STORED, timeout_s: float = 300.0) -> dict:
@@ -108,13 +108,10 @@ def record(target: str | os.PathLike = STORED, timeout_s: float = 300.0) -> dict
 
 def stored_run(path: str | os.PathLike = STORED) -> dict:
     """The stored two-node run (record's run.json), with `checkpoint` the absolute path of its checkpoint."""
-    import json
+    from fsdp_lab.lessons.widgets.stored_runs import stored_run as read
 
     path = Path(path)
-    if not (path / "run.json").exists():
-        raise FileNotFoundError(f"no stored two-node run in {path}: record one with `python -m "
-                                f"fsdp_lab.lessons.experiments.two_nodes --record`")
-    run = json.loads((path / "run.json").read_text(encoding="utf-8"))
+    run = read(path.name, path.parent)
     run["checkpoint"] = str(path / "checkpoint")
     return run
 
