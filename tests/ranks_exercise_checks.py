@@ -88,4 +88,20 @@ def run_cases(rank: int, world_size: int) -> dict:
     out["shard_range_divided"] = _v(checks.shard_range(divided, fsdp1))
     out["dim0_divided"] = _v(checks.dim0_rows(divided, net))
     out["dim0_stub"] = _v(checks.dim0_rows(stub, net))
+
+    # chapter 06b: the HSDP groups, on a HYBRID_SHARD model of 2 nodes x 1 rank (the live ranks' grid)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    hsdp = FSDP(build_gpt("tiny"), sharding_strategy=ShardingStrategy.HYBRID_SHARD, auto_wrap_policy=blocks,
+                device_mesh=init_device_mesh("cpu", (world_size, 1)))
+
+    def groups(r, nodes, per_node):
+        node, local = divmod(r, per_node)
+        return ([node * per_node + i for i in range(per_node)], [n * per_node + local for n in range(nodes)])
+
+    out["hsdp"] = {"solution": _v(checks.hsdp_groups(groups, hsdp, nodes=world_size)),
+                   "swapped": _v(checks.hsdp_groups(lambda r, m, g: groups(r, m, g)[::-1], hsdp, nodes=world_size)),
+                   "stub": _v(checks.hsdp_groups(stub, hsdp, nodes=world_size)),
+                   "full_shard": _v(checks.hsdp_groups(groups, fsdp1, nodes=world_size)),
+                   "fully_shard": _v(checks.hsdp_groups(groups, net, nodes=world_size))}
     return out

@@ -207,3 +207,43 @@ def test_the_row_and_chunk_solutions_pass_on_the_real_models(rank):
         ok, todo, message = got[key]  # right for every unit and parameter of the tiny GPT, wrong where it shows
         assert not ok and not todo and case in message and why in message, message
     assert got["dim0_stub"][:2] == (False, True) and "not written yet" in got["dim0_stub"][2]
+
+
+# -- 06b hsdp_groups: DeviceMesh's rows shard, its columns replicate -------------------------------------------------
+def hsdp_solution(rank, nodes, per_node):
+    node, local = divmod(rank, per_node)
+    return [node * per_node + i for i in range(per_node)], [n * per_node + local for n in range(nodes)]
+
+
+def test_hsdp_groups_take_the_solution_and_name_the_stub():
+    assert [c[3:] for c in checks.hsdp_cases([(2, 2)])] == [((0, 1), (0, 2)), ((0, 1), (1, 3)), ((2, 3), (0, 2)),
+                                                           ((2, 3), (1, 3))]
+    assert_right(checks.hsdp_groups_of(hsdp_solution, checks.hsdp_cases()))
+    assert_not_written(checks.hsdp_groups_of(_nyi, checks.hsdp_cases()))
+
+
+def test_hsdp_groups_refuse_the_swapped_groups_and_local_indices():
+    swapped = lambda r, m, g: hsdp_solution(r, m, g)[::-1]  # noqa: E731 (shard across the nodes: the slow links)
+    assert_wrong(checks.hsdp_groups_of(swapped, checks.hsdp_cases()), "swapped")
+    local = lambda r, m, g: (list(range(g)), list(range(m)))  # noqa: E731 (indices, not global ranks)
+    assert_wrong(checks.hsdp_groups_of(local, checks.hsdp_cases()), "local indices")
+
+
+def test_hsdp_groups_refuse_a_stride_of_nodes_and_a_wrong_shape():
+    def by_nodes(rank, nodes, per_node):  # right on 2 x 2, where nodes == per_node; wrong on 2 x 4
+        node, local = divmod(rank, nodes)
+        return [node * nodes + i for i in range(nodes)], [n * nodes + local for n in range(per_node)]
+
+    assert all(by_nodes(r, 2, 2) == hsdp_solution(r, 2, 2) for r in range(4))
+    assert_wrong(checks.hsdp_groups_of(by_nodes, checks.hsdp_cases()), "2 nodes × 4 ranks")
+    assert_wrong(checks.hsdp_groups_of(lambda r, m, g: r, checks.hsdp_cases()), "two lists of global ranks")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_hsdp_groups_read_the_live_hybrid_model(rank):
+    got = live()[rank]["hsdp"]
+    assert got["solution"][0], got["solution"][2]
+    assert not got["swapped"][0] and "swapped" in got["swapped"][2]
+    assert got["stub"][:2] == (False, True)
+    assert not got["full_shard"][0] and "no replicate group" in got["full_shard"][2]
+    assert not got["fully_shard"][0] and "FSDP(...)" in got["fully_shard"][2]

@@ -259,3 +259,28 @@ def test_fsdp_lab_logs_match_torch():
         assert lab_runs[run]["log"] == torch_runs[run]["log"], run
         assert lab_runs[run]["dtypes"] == torch_runs[run]["dtypes"], run
         assert lab_runs[run]["loss"] == pytest.approx(torch_runs[run]["loss"], rel=1e-5, abs=1e-6), run
+
+
+# -- chapter 06b: meta-device init and HSDP, each line beside its FSDP2 twin ------------------------------------------
+def test_meta_init_param_init_fn_and_fully_shard_to_empty_peak_at_shards_plus_one_unit():
+    """beyond-meta: FSDP(meta model, param_init_fn=...) and fully_shard on the meta model then to_empty: each rank
+    peaks at its shards plus one unit (group), and a model built first exceeds that."""
+    from ranks_fsdp2_beyond_node import meta_peaks
+
+    for got in run_on_ranks(meta_peaks, 2, timeout_s=240):
+        for meta, real in (("fsdp1_meta", "fsdp1_real"), ("fsdp2_meta", "fsdp2_real")):
+            assert got[meta]["peak"] <= got[meta]["final"] + got[meta]["unit"] < got[real]["peak"], (meta, got)
+
+
+def test_hybrid_shard_and_fully_shard_on_a_2d_mesh_shard_in_the_node_and_train_the_same():
+    """beyond-hsdp: HYBRID_SHARD with device_mesh=(2, 2) and fully_shard(..., mesh=(2, 2)) on 4 ranks: the shard
+    group is the node's ranks, the replicate group crosses nodes, and all four lines give the same losses."""
+    from ranks_fsdp2_beyond_node import hybrid_both
+
+    for rank, got in enumerate(run_on_ranks(hybrid_both, 4, timeout_s=300)):
+        node, local = divmod(rank, 2)
+        want = ([2 * node, 2 * node + 1], [local, local + 2])
+        assert got["groups_fsdp1"] == want and got["groups_fsdp2"] == want, got
+        ref = got["torch FSDP"]
+        for name in ("fsdp_lab FSDP", "fsdp_lab fully_shard", "torch fully_shard"):
+            assert got[name] == pytest.approx(ref, abs=1e-5), (name, got)

@@ -38,6 +38,7 @@ CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (repl
     ("05", "ZeRO comparison", True, False),
     ("06", "Engineering practice", True, True),
     ("06a", "FSDP2: fully_shard", True, False),
+    ("06b", "Beyond one node: meta init, HSDP, offload, resharding", True, False),
     ("06c", "Composing: tensor parallel, checkpointing, compile", True, False),
     ("07", "When to use it: GPU planner", False, False),
     ("08", "Python demo", True, False),

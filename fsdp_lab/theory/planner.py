@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from numbers import Real
 
 from fsdp_lab.theory.formulas import (ATTENTION, GB, STRATEGIES, _ceil_div, _check, _exact,
-                                      activation_bytes_per_layer, m_ddp, m_zero1, m_zero2, m_zero3, n_min)
+                                      activation_bytes_per_layer, m_ddp, m_zero1, m_zero2, m_zero3, n_min,
+                                      node_traffic)
 
 STAGES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3")
 _STAGE = {"DDP": "DDP", "NOSHARD": "DDP", "ZERO1": "ZeRO-1", "ZERO2": "ZeRO-2", "SHARDGRADOP": "ZeRO-2",
-          "ZERO3": "ZeRO-3", "FULLSHARD": "ZeRO-3", "FSDP": "ZeRO-3"}
+          "ZERO3": "ZeRO-3", "FULLSHARD": "ZeRO-3", "FSDP": "ZeRO-3", "HYBRIDSHARD": "ZeRO-3"}
 _SPLIT = {"DDP": (0, 16), "ZeRO-1": (8, 8), "ZeRO-2": (12, 4), "ZeRO-3": (16, 0)}  # bytes/param: sharded, kept
 PRECISION_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -77,12 +78,16 @@ class Plan:
     n_min: int
     n_min_with_activations: int | None
     n_min_with_reserve: int | None
+    nodes: int = 1  # HSDP (HYBRID_SHARD): shard inside each of `nodes` groups of gpus // nodes, replicate across
+    cpu_offload: bool = False  # torch's CPU offload: sharded state on the host, the step there
 
     def __post_init__(self):
         _check(**{k: getattr(self, k) for k in ("params", "gpus", "gpu_mem_bytes", "seq_len", "micro_batch",
                                                   "layers", "hidden", "heads")})
         if not 0 <= self.reserve_fraction < 1:
             raise ValueError(f"reserve_fraction must be in [0, 1), got {self.reserve_fraction!r}")
+        if not (isinstance(self.nodes, int) and self.nodes >= 1 and self.gpus % self.nodes == 0):
+            raise ValueError(f"nodes must be a positive integer that divides gpus={self.gpus}, got {self.nodes!r}")
 
     def state_bytes(self, stage) -> int:
         return {"DDP": self.ddp_bytes, "ZeRO-1": self.zero1_bytes, "ZeRO-2": self.zero2_bytes,
@@ -97,17 +102,54 @@ class Plan:
         return self.working_bytes + self.activation_bytes + self.recompute_layer_bytes + self.logits_bytes
 
     @property
+    def shard_group(self) -> int:
+        """G, the ranks one unit is sharded over: all N, or under HSDP the N / nodes ranks of one node."""
+        return self.gpus // self.nodes
+
+    @property
+    def hybrid_state_bytes(self) -> int:
+        """Per-GPU state under HSDP ([Note: hybrid sharding] in fsdp_lab/runtime/features/hybrid.py): ZeRO-3 inside
+        the node, so 16Φ/G; each node keeps a whole copy (the replicas). With one node it is ZeRO-3's 16Φ/N."""
+        return math.ceil(16 * self.params / self.shard_group)
+
+    def comm_bytes_per_step(self, reduce_bytes: int = 4) -> dict:
+        """Bytes one rank sends per step, inside a node and across nodes: formulas.node_traffic with the gathers
+        in the `precision`'s bytes and the reduction in `reduce_bytes` (4: fp32, the course's MixedPrecision).
+        Under HSDP (nodes > 1) only the all-reduce of the reduced gradient shard, 2·(M-1)/M·(Φ/G)·reduce_bytes,
+        crosses nodes; on one node nothing does. It counts three passes over every unit: FSDP1 keeps the root
+        unit gathered from forward to backward, so a run sends one root gather less."""
+        traffic = node_traffic(self.params, self.shard_group, self.nodes,
+                               "HYBRID_SHARD" if self.nodes > 1 else "FULL_SHARD",
+                               param_bytes=PRECISION_BYTES[self.precision], reduce_bytes=reduce_bytes)
+        return {"intra_node": math.ceil(traffic.intra_node), "inter_node": math.ceil(traffic.inter_node)}
+
+    @property
     def cpu_offload_gpu_bytes(self) -> int:
         """Per-GPU peak under torch's CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy):
         parameters, gradients and optimizer state live on the host and the optimizer steps there, so the card
         holds only what is computed: working copies, activations, logits, plus the unit's fp32 shard copied in
-        for its all-gather (4·Φ_layer/N)."""
-        return self.extra_bytes + math.ceil(4 * self.phi_layer / self.gpus)
+        for its all-gather (4·Φ_layer/G, G = the shard group)."""
+        return self.extra_bytes + math.ceil(4 * self.phi_layer / self.shard_group)
 
     @property
     def cpu_offload_host_bytes(self) -> int:
-        """Host memory per rank under CPU offload: the whole sharded state, 16Φ/N (fp32 params, grads, Adam)."""
-        return self.zero3_bytes
+        """Host memory per rank under CPU offload: the whole sharded state, 16Φ/G (fp32 params, grads, Adam):
+        16Φ/N, or under HSDP 16Φ/G."""
+        return self.hybrid_state_bytes
+
+    @property
+    def gpu_bytes(self) -> int:
+        """The chosen options' per-GPU peak: the stage's (ZeRO-3 inside the node under HSDP), or with
+        cpu_offload what stays on the card."""
+        if self.cpu_offload:
+            return self.cpu_offload_gpu_bytes
+        return (self.hybrid_state_bytes + self.extra_bytes if self.nodes > 1
+                else self.peak_bytes(self.strategy))
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory per rank that the chosen options add: the sharded state under cpu_offload, else 0."""
+        return self.cpu_offload_host_bytes if self.cpu_offload else 0
 
     def fits(self, stage, with_activations=True) -> bool:
         return (self.peak_bytes(stage) if with_activations else self.state_bytes(stage)) <= self.gpu_mem_bytes
@@ -136,12 +178,15 @@ def _billions(x) -> str:
 
 def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_len=2048, micro_batch=1,
          layers=None, hidden=None, heads=None, *, recompute=False, prefetch=False, reserve_fraction=0.2,
-         vocab=LLAMA_VOCAB, attention="fused") -> Plan:
+         vocab=LLAMA_VOCAB, attention="fused", nodes=1, cpu_offload=False) -> Plan:
     """Plans Φ = `params` on `gpus` cards of `gpu_mem_gb` GB (1e9 bytes). `strategy` (a ZeRO stage or torch
     name) is the stage the n_min_with_* answers are for; `precision` sets working-copy and activation bytes
     (bf16/fp16: 2, fp32: 4). Missing shape numbers come from llama_like_shape; `vocab` sizes the logits.
     `attention`: "fused" (SDPA/FlashAttention, no stored s×s scores: what current models run) or "materialized"
-    (the scores kept, Korthikanti's sbh(34 + 5as/h)); see formulas.activation_bytes_per_layer."""
+    (the scores kept, Korthikanti's sbh(34 + 5as/h)); see formulas.activation_bytes_per_layer. `nodes` > 1: HSDP,
+    each unit sharded over the gpus // nodes ranks of a node and replicated across nodes (strategy must be
+    ZeRO-3, which HYBRID_SHARD is inside a node); `cpu_offload`: torch's CPU offload (Plan.gpu_bytes,
+    Plan.host_bytes)."""
     given = {k for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if v is not None}
     _check(params=params, gpus=gpus, gpu_mem_gb=gpu_mem_gb, seq_len=seq_len, micro_batch=micro_batch, layers=layers,
            hidden=hidden, heads=heads, vocab=vocab)
@@ -152,6 +197,11 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
         raise ValueError(f"unknown attention {attention!r}; expected one of: {', '.join(ATTENTION)}")
     if precision not in PRECISION_BYTES:
         raise ValueError(f"unknown precision {precision!r}; expected one of: {', '.join(PRECISION_BYTES)}")
+    if not isinstance(cpu_offload, bool):
+        raise ValueError(f"cpu_offload must be True or False, got {cpu_offload!r}")
+    if nodes != 1 and stage != "ZeRO-3":
+        raise ValueError(f"nodes={nodes!r} plans HSDP, which shards like ZeRO-3 inside each node; strategy "
+                         f"{strategy!r} is {stage}: pass strategy='HYBRID_SHARD' or 'ZeRO-3'")
     phi, mem = _exact(params), _exact(gpu_mem_gb * GB)
     layers, hidden, heads = llama_like_shape(phi, layers, hidden, heads)
     derived = [f"{k}={v}" for k, v in (("layers", layers), ("hidden", hidden), ("heads", heads)) if k not in given]
@@ -173,4 +223,5 @@ def plan(params, gpus, gpu_mem_gb, strategy="FULL_SHARD", precision="bf16", seq_
                 bool(prefetch), reserve_fraction, attention, assumptions, phi_layer, act, recompute_layer, logits,
                 vocab, working,
                 *state, n_min(phi, mem),
-                *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))))
+                *(_gpus_needed(stage, phi, extra, u) for u in (mem, mem * (1 - reserve_fraction))), nodes,
+                cpu_offload)

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from fsdp_lab.lessons.live.apply_order import apply_order  # noqa: F401
+from fsdp_lab.lessons.live.hybrid_groups import hsdp_cases, hsdp_groups, hsdp_groups_of  # noqa: F401
 from fsdp_lab.lessons.live.rows import UNEVEN_ROWS, dim0_cases, dim0_rows, dim0_rows_of, uneven_rows  # noqa: F401
 from fsdp_lab.lessons.live.verdict import (FSDP1, FSDP2, Verdict, close_to, not_written, unwritten,  # noqa: F401
                                            wrong_model)

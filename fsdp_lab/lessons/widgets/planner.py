@@ -1,5 +1,5 @@
-"""Planner: sliders for Φ, N, GPU memory, strategy, precision, sequence length, micro-batch, recompute and the
-attention kind; the article's formula beside a measured point.
+"""Planner: sliders for Φ, N, GPU memory, strategy, precision, sequence length, micro-batch, recompute, the
+attention kind, HSDP's nodes and CPU offload; the article's formula beside a measured point.
 
     Planner()                                          # formulas only
     Planner(measured=MeasuredPoint.from_run(run))      # plus a real run's bytes next to the prediction
@@ -123,7 +123,8 @@ class Planner(QuietRepr, widgets.VBox):
     def preview_html(self) -> str:
         return self.formula.value + self._measured_html()
     def __init__(self, measured: Optional[MeasuredPoint] = None, phi: float = 7e9, n: int = 8,
-                 gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16"):
+                 gpu_mem_gb: int = 80, strategy: str = "ZeRO-3", precision: str = "bf16", nodes: int = 1,
+                 cpu_offload: bool = False):
         self.measured = measured
         style = {"description_width": "130px"}
         wide = widgets.Layout(width="460px")
@@ -149,6 +150,11 @@ class Planner(QuietRepr, widgets.VBox):
             description="attention", tooltips=["no s×s scores kept (what current models run)",
                                                "the article's sbh(34 + 5as/h): the s×s scores kept"],
             style={"description_width": "130px", "button_width": "130px"})
+        self.nodes = widgets.Dropdown(options=sorted({1, 2, 4, 8, 16, nodes}), value=nodes,
+                                      description="nodes (HSDP)",
+                                      style=style, layout=widgets.Layout(width="260px"))
+        self.cpu_offload = widgets.Checkbox(value=cpu_offload, description="CPU offload (params, grads, Adam on the host)",
+                                            indent=False, layout=widgets.Layout(margin="0 0 0 134px"))
         self.use_measured = widgets.Button(description="set every control to the measured run",
                                            disabled=measured is None, layout=widgets.Layout(width="280px"))
         self.use_measured.on_click(lambda _b: self.jump_to_measured())
@@ -158,12 +164,13 @@ class Planner(QuietRepr, widgets.VBox):
         self.plan: Optional[planner.Plan] = None
         self._quiet = False
         for w in (self.phi, self.n, self.gpu, self.strategy, self.precision, self.seq, self.micro_batch,
-                  self.recompute, self.attention):
+                  self.recompute, self.attention, self.nodes, self.cpu_offload):
             w.observe(self._redraw, names="value")
         if measured is None:
             self.use_measured.layout.display = self.measured_html.layout.display = "none"
         controls = widgets.VBox([self.phi, self.n, self.gpu, self.strategy, self.precision, self.seq,
-                                 self.micro_batch, self.recompute, self.attention, self.use_measured])
+                                 self.micro_batch, self.recompute, self.attention, self.nodes, self.cpu_offload,
+                                 self.use_measured])
         super().__init__([controls, widgets.HBox([self.formula, self.measured_html]), self.out])
         self._redraw()
 
@@ -188,18 +195,27 @@ class Planner(QuietRepr, widgets.VBox):
         p, stage = self.plan, self.strategy.value
         return {"state_bytes": p.state_bytes(stage), "peak_bytes": p.peak_bytes(stage), "n_min": p.n_min,
                 "n_min_with_activations": p.n_min_with_activations, "n_min_with_reserve": p.n_min_with_reserve,
-                "fits": p.fits(stage), "rows": p.rows()}
+                "fits": p.fits(stage), "rows": p.rows(), "gpu_bytes": p.gpu_bytes, "host_bytes": p.host_bytes,
+                "comm": p.comm_bytes_per_step()}
 
     def _redraw(self, _change=None) -> None:
         if self._quiet:
             return
         phi, n, stage, m = round(self.phi.value), self.n.value, self.strategy.value, self.measured
+        if n % self.nodes.value:  # N GPUs that do not split evenly over the nodes: back to one node
+            self._quiet = True
+            try:
+                self.nodes.value = 1
+            finally:
+                self._quiet = False
+        nodes = self.nodes.value if stage == "ZeRO-3" else 1  # HSDP is ZeRO-3 inside each node
         shape = {}
         if m is not None and phi == m.phi and m.hidden:  # the measured model: its own shape and vocabulary
             shape = dict(layers=m.layers, hidden=m.hidden, heads=m.heads, vocab=m.vocab)
         self.plan = planner.plan(phi, n, self.gpu.value, strategy=stage, precision=self.precision.value,
                                  seq_len=self.seq.value, micro_batch=self.micro_batch.value,
-                                 recompute=self.recompute.value, attention=self.attention.value, **shape)
+                                 recompute=self.recompute.value, attention=self.attention.value, nodes=nodes,
+                                 cpu_offload=self.cpu_offload.value, **shape)
         self.formula.value = self._formula_html(phi, n, stage)
         self.measured_html.value = self._measured_html()
         show_figure(self.out, self.figure())
@@ -228,9 +244,30 @@ class Planner(QuietRepr, widgets.VBox):
                 f"N<sub>min</sub> = ⌈16Φ / M<sub>GPU</sub>⌉ = <b>{p.n_min}</b>; with activations: "
                 f"{nmin(p.n_min_with_activations)}; keeping {p.reserve_fraction:.0%} free: "
                 f"{nmin(p.n_min_with_reserve)}<br>"
+                f"{self._options_html(stage)}"
                 f"<table style='{_TABLE}'><tr><th>stage</th><th>states</th>"
                 f"<th>peak</th><th>peak fits</th></tr>{rows}</table>"
                 f"<div style='color:#6b7280;font-size:11px;line-height:14px'>{esc(p.assumptions)}</div></div>")
+
+    def _options_html(self, stage: str) -> str:
+        """The HSDP and CPU offload lines (planner.Plan.gpu_bytes, host_bytes, comm_bytes_per_step)."""
+        p, comm = self.plan, self.plan.comm_bytes_per_step()
+        lines = []
+        if self.nodes.value > 1 and stage != "ZeRO-3":
+            lines.append(f"HSDP shards like ZeRO-3 inside a node: pick ZeRO-3 to plan {self.nodes.value} nodes")
+        elif p.nodes > 1:
+            lines.append(f"<b>HSDP</b> on {p.nodes} nodes × {p.shard_group} GPUs: states 16Φ/G = "
+                         f"{gb(p.hybrid_state_bytes)} per GPU (each node keeps a whole copy); per step each GPU "
+                         f"sends {gb(comm['intra_node'])} inside its node and {gb(comm['inter_node'])} across nodes "
+                         f"(the all-reduce of its gradient shard, fp32)")
+        else:
+            lines.append(f"one node: each GPU sends {gb(comm['intra_node'])} a step (two gathers and a "
+                         f"reduce-scatter, fp32 reduce), none across nodes")
+        if p.cpu_offload:
+            lines.append(f"<b>CPU offload</b>: the card holds {gb(p.gpu_bytes)} (working copies, activations, "
+                         f"logits, one unit's shard copied in); the host holds {gb(p.host_bytes)} per rank "
+                         f"(fp32 shards, their gradients and Adam's state; the optimizer steps there)")
+        return "".join(f"{line}<br>" for line in lines)
 
     def _measured_html(self) -> str:
         m = self.measured
