@@ -9,10 +9,10 @@ from ranks_bug_zoo import zoo
 
 from fsdp_lab.lessons.zoo import ENTRIES, cite
 from fsdp_lab.lessons.zoo.common import HANG_TIMEOUT_S
-from fsdp_lab.lessons.zoo.memory import HIDDEN
+from fsdp_lab.lessons.zoo.memory import FULL_BYTES
 from fsdp_lab.training.launch import run_on_ranks
 
-FULL = 4 * (HIDDEN * HIDDEN + HIDDEN) * 4  # the four Linear(64, 64) in fp32
+FULL = FULL_BYTES
 
 
 @pytest.fixture(scope="module")

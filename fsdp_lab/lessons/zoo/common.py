@@ -13,6 +13,7 @@ default group afterwards (`run_broken`), which stays healthy for the next cell.
 from __future__ import annotations
 
 import copy
+import textwrap
 from datetime import timedelta
 from typing import Callable
 
@@ -84,6 +85,11 @@ def run_broken(fn: Callable[[], object], group) -> tuple[object, str]:
         report = err.collective_log or str(err).splitlines()[0]
     dist.barrier()
     return result, report
+
+
+def wrap(text: str, width: int = 100) -> str:
+    """A report folded to `width` columns (a notebook wraps longer printed lines), later lines indented."""
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="    ") for line in text.splitlines() or [""])
 
 
 def world_of(group=None) -> tuple[int, int]:

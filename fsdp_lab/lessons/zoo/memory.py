@@ -21,6 +21,7 @@ from fsdp_lab.runtime.fsdp2.fully_shard import fully_shard
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 HIDDEN = 64
+FULL_BYTES = 4 * (HIDDEN * HIDDEN + HIDDEN) * 4  # the four Linear(64, 64) in fp32
 
 
 def wide(seed: int = 0) -> nn.Sequential:
