@@ -119,4 +119,27 @@ def zoo(rank, world_size):
     model = memory.sharded_generator()
     register_fsdp_forward_method(model, "generate")
     out["gen_fixed"] = str(checks.generates_like_one_process(model))
+    out["wrong"] = wrong_answers(batches)
     return out
+
+
+def wrong_answers(batches) -> dict:
+    """Each check against the answer learners give before they see the bug: the broken version itself (and, for
+    the buffers, a MixedPrecision that fixes the count by dropping bf16 compute)."""
+    bf16 = torch.bfloat16
+    return {
+        "uneven": str(checks.epoch_ends_together(batches)),
+        "save": str(checks.saves_on_every_rank(hangs.save_on_rank_0_only)),
+        "moe": str(checks.every_expert_runs(hangs.mix_skipping_idle)),
+        "norm": str(checks.global_grad_norm(numbers.local_grad_norm)),
+        "sum": str(checks.averages_like_one_process(numbers.summed_loss)),
+        "init": str(checks.same_model_everywhere(numbers.built_by_rank())),
+        "opt": str(checks.optimizer_steps_the_model(*numbers.optimizer_then_wrap())),
+        "buffer": str(checks.buffers_keep_counting(MixedPrecision(param_dtype=bf16, buffer_dtype=bf16))),
+        "buffer_fp32": str(checks.buffers_keep_counting(MixedPrecision())),
+        "sampler": str(checks.reshuffles(numbers.orders_without_set_epoch)),
+        "sd": str(checks.full_state_on_rank_0(memory.full_everywhere)),
+        "nosync": str(checks.accumulates_sharded(memory.accumulate_no_sync)),
+        "root": str(checks.saves_forward_memory(memory.root_only())),
+        "gen": str(checks.generates_like_one_process(memory.sharded_generator())),
+    }

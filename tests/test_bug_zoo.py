@@ -114,3 +114,35 @@ def test_generate_outside_forward_fails_until_registered(ranks):
     for out in ranks:
         assert "mixed torch.Tensor and DTensor" in out["gen_broken"], out["gen_broken"]
     ok_on_both(ranks, "gen_fixed")
+
+
+WRONG = {  # the words each check's "not yet" must say, on every rank unless a rank is named
+    "uneven": "the epoch still hangs: rank 0 waits in all_gather",
+    "moe": "the step still hangs",
+    "norm": "a norm of this rank's shards only?",
+    "sum": "FSDP's gradients are 16 times one process's",
+    "init": "the full parameters are no rank's model",
+    "opt": "the optimizer holds 4 parameter(s) that FSDP replaced",
+    "buffer": "the step buffer reads 256 after 4 forwards from 256, not 260",
+    "buffer_fp32": "keep the compute in bfloat16",
+    "sampler": "the sampler was never told the epoch",
+    "nosync": "as many as no_sync's",
+    "root": "no lower than the root-only",
+    "gen": "generate() raises RuntimeError",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(WRONG))
+def test_each_check_refuses_the_wrong_answer_learners_give(ranks, answer):
+    for rank, out in enumerate(ranks):
+        said = out["wrong"][answer]
+        assert said.startswith("not yet: ") and "not written yet" not in said, (rank, said)
+        if answer not in ("uneven",) or rank == 0:  # in the uneven epoch only rank 0 waits
+            assert WRONG[answer] in said, (rank, said)
+
+
+def test_the_save_and_state_dict_checks_name_the_rank_that_is_wrong(ranks):
+    assert ranks[0]["wrong"]["save"].startswith("not yet: the save still hangs: rank 0 waits in all_gather #1")
+    assert ranks[1]["wrong"]["save"].startswith("not yet: ")  # rank 1 saw no hang, but rank 0 did
+    assert ranks[1]["wrong"]["sd"] == f"not yet: rank 1 holds {FULL:,} B; want 0 B"
+    assert ranks[0]["wrong"]["sd"].startswith("not yet: ") and "not on rank(s) [1]" in ranks[0]["wrong"]["sd"]
