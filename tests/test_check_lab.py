@@ -68,8 +68,8 @@ def _status(chapters):
 
 def test_chapter_plan_cpu_with_gloo():
     status = _status(check.chapter_plan(gpu_count=0, gloo_ok=True))
-    assert len(status) == 12 and list(status) == [f"{i:02d}" for i in range(7)] + ["06a"] + [
-        f"{i:02d}" for i in range(7, 11)]
+    assert len(status) == 13 and list(status) == [f"{i:02d}" for i in range(7)] + ["06a"] + [
+        f"{i:02d}" for i in range(7, 10)] + ["09a", "10"]
     assert [status[c] for c in ("03", "06")] == ["mixed"] * 2  # live ranks, no GPU memory here
     assert all(status[c] == "live" for c in ("00", "01", "02", "04", "05", "06a", "07", "08", "09", "10"))
 
@@ -84,7 +84,7 @@ def test_chapter_plan_says_whether_gpu_traces_ship():
 def test_chapter_plan_without_gloo_replays_the_multi_rank_chapters():
     chapters = check.chapter_plan(gpu_count=0, gloo_ok=False)
     status = _status(chapters)
-    assert [status[c] for c in ("00", "03", "04", "05", "06", "06a", "08", "09")] == ["replay"] * 8
+    assert [status[c] for c in ("00", "03", "04", "05", "06", "06a", "08", "09", "09a")] == ["replay"] * 9
     assert [status[c] for c in ("07", "10")] == ["live"] * 2
     assert "gloo failed" in chapters[3].how
 
@@ -112,7 +112,7 @@ def test_check_json_is_one_object_with_everything(capsys):
     assert info["python"] == ".".join(map(str, sys.version_info[:3]))
     assert info["gloo"]["ok"] is True, info["gloo"]
     every = sorted(sum(info["verdict"].values(), []))
-    assert every == sorted([f"{i:02d}" for i in range(11)] + ["06a"])
+    assert every == sorted([f"{i:02d}" for i in range(11)] + ["06a", "09a"])
     import torch
     assert len(info["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
 
