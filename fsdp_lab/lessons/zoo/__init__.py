@@ -10,6 +10,7 @@ check in .checks that confirms it. ENTRIES names the public report each one come
             an optimizer built before wrapping, buffers cast by mixed precision, a sampler without set_epoch
 - .memory   bytes measured: full state dicts on every rank, no_sync accumulation, wrapping only the root,
             parameters read outside forward
+- .checks   the "Your turn" checks: each runs the learner's fix on the ranks and answers ok / not yet
 """
 from __future__ import annotations
 
