@@ -8,6 +8,8 @@ from ranks_apply_order import run_cases
 
 from fsdp_lab.training.launch import run_on_ranks
 
+pytestmark = pytest.mark.timeout(460)  # the module's one launch may take its 400 s on a loaded machine
+
 
 @pytest.fixture(scope="module")
 def cases() -> list:

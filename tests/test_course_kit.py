@@ -26,7 +26,7 @@ sys.path.insert(0, str(COURSE))
 import make_student_copies as msc  # noqa: E402  (course/ is not a package)
 
 EXERCISES = sorted(p for p in (COURSE / "exercises").glob("ex*.py"))
-CHAPTERS = [f"{i:02d}" for i in range(7)] + ["06a", "06b", "06c"] + [f"{i:02d}" for i in range(7, 11)]  # 06a: after 06
+CHAPTERS = [f"{i:02d}" for i in range(7)] + ["06a", "06b", "06c"] + [f"{i:02d}" for i in range(7, 10)] + ["09a", "10"]  # 06a: after 06
 
 
 def _solution_blocks(text: str) -> list[list[str]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "06a", "06b", "06c", "07", "08", "09", "10"]
+CHAPTERS = ["00", "01", "02", "03", "04", "05", "06", "06a", "06b", "06c", "07", "08", "09", "09a", "10"]
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 

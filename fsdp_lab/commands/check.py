@@ -43,6 +43,7 @@ CHAPTERS = (  # (number, title, launches multi-rank runs, shows GPU memory (repl
     ("07", "When to use it: GPU planner", False, False),
     ("08", "Python demo", True, False),
     ("09", "Misconceptions", True, False),
+    ("09a", "The bug zoo", True, False),
     ("10", "Interview quiz", False, False),
 )
 

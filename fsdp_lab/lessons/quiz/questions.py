@@ -73,7 +73,7 @@ CHAPTERS: Mapping[str, str] = MappingProxyType({
     "01": "01-core-idea", "02": "02-sharding", "03": "03-lifecycle", "04": "04-mixed-precision",
     "05": "05-zero", "06": "06-engineering", "06a": "06a-fsdp2", "06b": "06b-beyond-one-node",
     "06c": "06c-composing", "07": "07-when-to-use", "08": "08-python-demo", "09": "09-misconceptions",
-    "10": "10-interview",
+    "09a": "09a-bug-zoo", "10": "10-interview",
 })
 
 

@@ -1,0 +1,237 @@
+"""The checks of the zoo's "Your turn" fixes, run on each live rank: each one runs the learner's fix on the ranks
+and answers with a Verdict ("ok: ..." / "not yet: ..."), or "not written yet" for the copy's stub (None, or a
+function that raises NotImplementedError).
+
+[Note: a check runs the fix] A fix is judged by what it does on the ranks, not by its text: the hang checks run it
+on a short-timeout group (a wrong fix hangs for seconds and is named by the collective log), the number checks
+compare with one process, the memory checks measure with memory_report.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from fsdp_lab.lessons.live.verdict import Verdict, not_written, unwritten
+from fsdp_lab.lessons.zoo import hangs, memory, numbers
+from fsdp_lab.lessons.zoo.common import gathered
+
+
+def _run(name: str, fn: Callable, *args):
+    """fn(*args), or the "not written yet" Verdict when the learner's part raises NotImplementedError."""
+    try:
+        return fn(*args)
+    except NotImplementedError as err:
+        return not_written(name, err)
+
+
+def agreed(check: Callable) -> Callable:
+    """A check whose Verdict is ok only if it is ok on every rank (the ranks that are not are named). Every
+    check's verdict passes through this one gather, so each rank takes part in it whatever its answer was; a
+    stub's "not written yet" is the same on every rank and returns before it."""
+    @functools.wraps(check)
+    def checked(*args) -> Verdict:
+        verdict = check(*args)
+        if verdict.todo:
+            return verdict
+        oks = gathered(verdict.ok)
+        if verdict.ok and not all(oks):
+            bad = [r for r, ok in enumerate(oks) if not ok]
+            return Verdict(False, f"{verdict.message}, but not on rank(s) {bad}")
+        return verdict
+    return checked
+
+
+@agreed
+def epoch_ends_together(batches) -> Verdict:
+    """The learner's `batches` for this rank: one epoch of them must end on every rank without a hang."""
+    if batches is None:
+        return unwritten("batches", batches)
+    steps, report = hangs.train_epoch(batches)
+    counts = gathered(steps)
+    if report:
+        return Verdict(False, f"the epoch still hangs: {report}")
+    if len(set(counts)) > 1:
+        return Verdict(False, f"no hang, but the ranks ran different numbers of steps {counts}")
+    return (Verdict(True, f"every rank ran {counts[0]} steps and the epoch ended together"))
+
+
+@agreed
+def saves_on_every_rank(save: Callable) -> Verdict:
+    """`save(model)`: no hang, and rank 0 gets the whole state dict (every tensor, at its full shape)."""
+    if save is None:
+        return unwritten("save", save)
+    out = _run("save", hangs.try_save, save)
+    if isinstance(out, Verdict):
+        return out
+    state, report = out
+    if report:
+        return Verdict(False, f"the save still hangs: {report}")
+    want = {k: tuple(v.shape) for k, v in hangs.tiny().state_dict().items()}
+    if dist.get_rank() == 0:
+        got = {k: tuple(v.shape) for k, v in (state or {}).items()}
+        if got != want:
+            return (Verdict(False, f"rank 0 got {got or 'no state dict'}, not the full {want}"))
+    return (Verdict(True, f"no hang; rank 0 holds all {len(want)} tensors at full shape"))
+
+
+@agreed
+def every_expert_runs(mix: Callable) -> Verdict:
+    """`mix(experts, h, choice)`: one MoE step with no hang, and the loss one process gets on these rows."""
+    if mix is None:
+        return unwritten("mix", mix)
+    out = _run("mix", hangs.moe_step, mix)
+    if isinstance(out, Verdict):
+        return out
+    loss, reference, report = out
+    if report:
+        return Verdict(False, f"the step still hangs: {report}")
+    if abs(loss - reference) > 1e-5:
+        return (Verdict(False, f"no hang, but the loss {loss:.6f} differs from one process's {reference:.6f}"))
+    return (Verdict(True, f"no hang; loss {loss:.4f} equals one process's on this rank's rows"))
+
+
+@agreed
+def global_grad_norm(grad_norm: Callable) -> Verdict:
+    """`grad_norm(model)` of an FSDP2 model after one backward: the one-process norm, on every rank."""
+    if grad_norm is None:
+        return unwritten("grad_norm", grad_norm)
+    out = _run("grad_norm", numbers.grad_norms, grad_norm)
+    if isinstance(out, Verdict):
+        return out
+    got, want = float(out[0]), out[1]
+    if abs(got - want) > 1e-5 * max(1.0, want):
+        return (Verdict(False, f"rank {dist.get_rank()} reports {got:.6f}, one process {want:.6f}: "
+                                      f"a norm of this rank's shards only?"))
+    return (Verdict(True, f"norm {got:.6f} on every rank, equal to one process's"))
+
+
+@agreed
+def averages_like_one_process(loss_fn: Callable) -> Verdict:
+    """`loss_fn(model, x, y)` on this rank's rows: FSDP's gradients must equal one process's on the whole batch."""
+    if loss_fn is None:
+        return unwritten("local_loss", loss_fn)
+    ratio = _run("local_loss", numbers.grad_ratio, loss_fn)
+    if isinstance(ratio, Verdict):
+        return ratio
+    if abs(ratio - 1.0) > 1e-4:
+        return (Verdict(False, f"FSDP's gradients are {ratio:g} times one process's"))
+    return (Verdict(True, "FSDP's gradients equal one process's on the whole batch (ratio 1.0)"))
+
+
+@agreed
+def same_model_everywhere(model) -> Verdict:
+    """The learner's wrapped model: its full parameters are rank 0's model on every rank."""
+    if model is None:
+        return unwritten("model", model)
+    whose = numbers.whose_weights(model)
+    if whose != "rank 0's model":
+        return (Verdict(False, f"the full parameters are {whose}"))
+    return (Verdict(True, "the full parameters are rank 0's model on every rank"))
+
+
+@agreed
+def optimizer_steps_the_model(model, opt) -> Verdict:
+    """The learner's model and optimizer: one step must move the full parameters as one process's step does."""
+    if model is None or opt is None:
+        return unwritten("model and opt", None)
+    try:
+        gap = numbers.step_once(model, opt)
+    except RuntimeError as err:
+        return Verdict(False, str(err).split(". ")[0])
+    if gap > 1e-5:
+        return (Verdict(False, f"after one step the parameters differ from one process's by {gap:.2e}"))
+    return (Verdict(True, f"one step matches one process's (largest difference {gap:.1e})"))
+
+
+@agreed
+def buffers_keep_counting(mixed_precision) -> Verdict:
+    """The learner's MixedPrecision: the step buffer (256 at the start) must reach 260 after 4 forwards."""
+    if mixed_precision is None:
+        return unwritten("mp", mixed_precision)
+    count = numbers.count_after(mixed_precision)
+    if count != 260.0:
+        return Verdict(False, f"the step buffer reads {count:g} after 4 forwards from 256, not 260")
+    dtype = getattr(mixed_precision, "param_dtype", None)
+    if dtype is not torch.bfloat16:
+        return Verdict(False, f"the count is right, but param_dtype is {dtype}: keep the compute in bfloat16")
+    return (Verdict(True, "256 + 4 forwards = 260 in the buffer, with bf16 compute"))
+
+
+@agreed
+def reshuffles(orders: Callable) -> Verdict:
+    """`orders(sampler, epochs)`: each epoch a new order, and the ranks' indices of one epoch are disjoint."""
+    if orders is None:
+        return unwritten("epoch_orders", orders)
+    got = _run("epoch_orders", orders, numbers.sampler(), 2)
+    if isinstance(got, Verdict):
+        return got
+    if got[0] == got[1]:
+        return (Verdict(False, f"epochs 0 and 1 both read {got[0]}: the sampler was never told the epoch"))
+    everyone = gathered(got)
+    for epoch in range(2):
+        seen = [i for rank_orders in everyone for i in rank_orders[epoch]]
+        if sorted(seen) != list(range(len(seen))):
+            return Verdict(False, f"epoch {epoch}: the ranks' indices overlap {seen}: give every rank the same epoch")
+    return (Verdict(True, f"epoch 0 {got[0]}, epoch 1 {got[1]}; the ranks split each epoch"))
+
+
+@agreed
+def full_state_on_rank_0(save: Callable) -> Verdict:
+    """`save(model)`: rank 0 holds the whole model's bytes, the other ranks none."""
+    if save is None:
+        return unwritten("save_full", save)
+    held = _run("save_full", memory.state_dict_bytes, save)
+    if isinstance(held, Verdict):
+        return held
+    full = memory.host_bytes(memory.wide().state_dict())
+    want = full if dist.get_rank() == 0 else 0
+    if held != want:
+        return (Verdict(False, f"rank {dist.get_rank()} holds {held:,} B; want {want:,} B"))
+    return (Verdict(True, f"rank {dist.get_rank()} holds {held:,} B (the whole model is {full:,} B)"))
+
+
+@agreed
+def accumulates_sharded(accumulate: Callable) -> Verdict:
+    """`accumulate(model, micro)`: the no_sync gradients, with only sharded gradients held in between."""
+    if accumulate is None:
+        return unwritten("accumulate", accumulate)
+    out = _run("accumulate", memory.grad_bytes_between, accumulate)
+    if isinstance(out, Verdict):
+        return out
+    held, grads = out
+    no_sync_held, want = memory.grad_bytes_between(memory.accumulate_no_sync)
+    gap = max((a - b).abs().max().item() for a, b in zip(grads, want))
+    if gap > 1e-5:
+        return (Verdict(False, f"the accumulated gradients differ from no_sync's by {gap:.2e}"))
+    if held >= no_sync_held:
+        return (Verdict(False, f"{held:,} B of gradients held between micro-batches, as many as no_sync's"))
+    return (Verdict(True, f"same gradients; {held:,} B held between micro-batches instead of "
+                                 f"{no_sync_held:,} B"))
+
+
+@agreed
+def saves_forward_memory(model) -> Verdict:
+    """The learner's wrapped model: its forward peak is below the root-only one's (one unit at a time)."""
+    if model is None:
+        return unwritten("model", model)
+    peak, root = memory.forward_peak(model), memory.forward_peak(memory.root_only())
+    if peak >= root:
+        return (Verdict(False, f"forward peak {peak:,} B, no lower than the root-only {root:,} B"))
+    return (Verdict(True, f"forward peak {peak:,} B instead of {root:,} B with the root alone"))
+
+
+@agreed
+def generates_like_one_process(model) -> Verdict:
+    """The learner's sharded Generator: generate() gives one process's output."""
+    if model is None:
+        return unwritten("model", model)
+    out, error = memory.generate_or_error(model)
+    if error:
+        return (Verdict(False, f"generate() raises {error}"))
+    gap = (out - memory.reference_generate()).abs().max().item()
+    if gap > 1e-5:
+        return (Verdict(False, f"generate() differs from one process's by {gap:.2e}"))
+    return (Verdict(True, "generate() gives one process's output"))

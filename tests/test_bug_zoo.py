@@ -1,0 +1,148 @@
+"""Every entry of the bug zoo (fsdp_lab/lessons/zoo, chapter 09a) on 2 gloo ranks: the broken version shows its
+symptom (a hang named by the collective log within seconds, a wrong number against one process, bytes measured),
+and the chapter's fix passes the chapter's own check. The ranks' side is tests/ranks_bug_zoo.py; one run does
+every entry, and each test reads its part."""
+from __future__ import annotations
+
+import pytest
+from ranks_bug_zoo import zoo
+
+from fsdp_lab.lessons.zoo import ENTRIES, cite
+from fsdp_lab.lessons.zoo.common import HANG_TIMEOUT_S
+from fsdp_lab.lessons.zoo.memory import FULL_BYTES
+from fsdp_lab.training.launch import run_on_ranks
+
+FULL = FULL_BYTES
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(zoo, 2, timeout_s=240, collective_timeout_s=60, threads_per_rank=1)
+
+
+def ok_on_both(ranks, key):
+    for rank, out in enumerate(ranks):
+        assert out[key].startswith("ok: "), (rank, out[key])
+
+
+def test_every_entry_cites_a_public_report():
+    assert len(ENTRIES) >= 12
+    for entry, (what, ref, url) in ENTRIES.items():
+        repo, number = ref.split("#")
+        assert url == f"https://github.com/{repo}/{'pull' if '/pull/' in url else 'issues'}/{number}", entry
+        assert ref in cite(entry) and url in cite(entry)
+
+
+def test_uneven_batches_hang_is_named_within_seconds_and_the_trimmed_epoch_ends(ranks):
+    (steps0, report), took = ranks[0]["uneven_broken"], ranks[0]["uneven_s"]
+    assert steps0 == 0 and report.startswith("rank 0 waits in all_gather #13 (0, forward), which rank 1 never "
+                                             "entered: its last was reduce_scatter #12 (0, backward)"), report
+    assert ranks[1]["uneven_broken"] == (2, "")
+    assert took < 3 * 2 * 2 + HANG_TIMEOUT_S + 5, took  # three steps' build and run, the timeout, the report
+    ok_on_both(ranks, "uneven_fixed")
+    assert all("not written yet" in r["uneven_stub"] for r in ranks)
+
+
+def test_a_save_on_rank_0_only_names_the_state_dict_gather(ranks):
+    assert ranks[0]["save_broken"].startswith("rank 0 waits in all_gather #1 (0, state_dict), which rank 1 never "
+                                              "entered: it issued none on this group"), ranks[0]["save_broken"]
+    ok_on_both(ranks, "save_fixed")
+
+
+def test_an_expert_skipped_on_one_rank_is_named_where_the_ranks_went_apart(ranks):
+    for out in ranks:
+        assert "the ranks first differ at #3: rank 0 all_gather #3 (experts.1, forward), rank 1 all_gather #3 " \
+               "(experts.0, backward)" in out["moe_broken"], out["moe_broken"]
+    ok_on_both(ranks, "moe_fixed")
+
+
+def test_a_norm_of_local_shards_differs_by_rank_and_from_one_process(ranks):
+    (local0, ref), (local1, _) = ranks[0]["norm_broken"], ranks[1]["norm_broken"]
+    assert local0 != pytest.approx(local1) and local0 < ref and local1 < ref
+    assert local0 ** 2 + local1 ** 2 == pytest.approx(ref ** 2, rel=1e-5)  # the shards' squares add up
+    ok_on_both(ranks, "norm_fixed")
+    assert all(r["norm_wrong"].startswith("not yet: ") for r in ranks)
+
+
+def test_a_summed_loss_gives_gradients_rows_times_columns_too_large(ranks):
+    assert all(r["sum_broken"] == pytest.approx(16.0) for r in ranks)  # 4 rows × 4 columns per rank
+    ok_on_both(ranks, "sum_fixed")
+
+
+def test_a_different_init_per_rank_trains_no_ranks_model_until_synced(ranks):
+    assert all(r["init_broken"] == "no rank's model (a mix of their shards)" for r in ranks)
+    ok_on_both(ranks, "init_fixed")
+
+
+def test_an_optimizer_built_before_wrapping_is_refused_and_the_right_order_matches_one_process(ranks):
+    for out in ranks:
+        assert "the optimizer holds 4 parameter(s) that FSDP replaced" in out["opt_broken"], out["opt_broken"]
+    ok_on_both(ranks, "opt_fixed")
+
+
+def test_a_bf16_buffer_stops_counting_at_256(ranks):
+    assert all(r["buffer_broken"] == 256.0 for r in ranks)
+    ok_on_both(ranks, "buffer_fixed")
+
+
+def test_a_sampler_without_set_epoch_repeats_its_order(ranks):
+    for out in ranks:
+        first, second = out["sampler_broken"]
+        assert first == second
+    ok_on_both(ranks, "sampler_fixed")
+
+
+def test_a_full_state_dict_is_the_whole_model_on_every_rank_and_rank0_only_keeps_one(ranks):
+    assert [r["sd_broken"] for r in ranks] == [FULL, FULL]
+    assert [r["sd_sharded"] for r in ranks] == [FULL // 2, FULL // 2]
+    ok_on_both(ranks, "sd_fixed")
+
+
+def test_no_sync_holds_full_gradients_between_micro_batches(ranks):
+    assert [r["nosync_broken"] for r in ranks] == [FULL, FULL]
+    ok_on_both(ranks, "nosync_fixed")
+    assert f"{FULL // 2:,} B held" in ranks[0]["nosync_fixed"]
+
+
+def test_wrapping_only_the_root_holds_the_whole_model_in_forward(ranks):
+    assert [r["root_broken"] for r in ranks] == [FULL + FULL // 2] * 2  # the whole model, and the shard beside it
+    ok_on_both(ranks, "root_fixed")
+    assert f"forward peak {FULL // 2 + FULL // 4:,} B" in ranks[0]["root_fixed"]  # shards + one of four units
+
+
+def test_generate_outside_forward_fails_until_registered(ranks):
+    for out in ranks:
+        assert "mixed torch.Tensor and DTensor" in out["gen_broken"], out["gen_broken"]
+    ok_on_both(ranks, "gen_fixed")
+
+
+WRONG = {  # the words each check's "not yet" must say, on every rank unless a rank is named
+    "uneven": "the epoch still hangs: rank 0 waits in all_gather",
+    "moe": "the step still hangs",
+    "norm": "a norm of this rank's shards only?",
+    "sum": "FSDP's gradients are 16 times one process's",
+    "init": "the full parameters are no rank's model",
+    "opt": "the optimizer holds 4 parameter(s) that FSDP replaced",
+    "buffer": "the step buffer reads 256 after 4 forwards from 256, not 260",
+    "buffer_fp32": "keep the compute in bfloat16",
+    "sampler": "the sampler was never told the epoch",
+    "nosync": "as many as no_sync's",
+    "root": "no lower than the root-only",
+    "gen": "generate() raises RuntimeError",
+}
+
+
+@pytest.mark.parametrize("answer", sorted(WRONG))
+def test_each_check_refuses_the_wrong_answer_learners_give(ranks, answer):
+    for rank, out in enumerate(ranks):
+        said = out["wrong"][answer]
+        assert said.startswith("not yet: ") and "not written yet" not in said, (rank, said)
+        if answer not in ("uneven",) or rank == 0:  # in the uneven epoch only rank 0 waits
+            assert WRONG[answer] in said, (rank, said)
+
+
+def test_the_save_and_state_dict_checks_name_the_rank_that_is_wrong(ranks):
+    assert ranks[0]["wrong"]["save"].startswith("not yet: the save still hangs: rank 0 waits in all_gather #1")
+    assert ranks[1]["wrong"]["save"].startswith("not yet: ")  # rank 1 saw no hang, but rank 0 did
+    assert ranks[1]["wrong"]["sd"] == f"not yet: rank 1 holds {FULL:,} B; want 0 B"
+    assert ranks[0]["wrong"]["sd"].startswith("not yet: ") and "not on rank(s) [1]" in ranks[0]["wrong"]["sd"]
