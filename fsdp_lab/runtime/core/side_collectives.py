@@ -16,10 +16,10 @@ model building (seconds apart on a loaded machine), rank 0 reads or writes files
 the result to every rank, and a checkpoint's DCP calls write each rank's files between their collectives. These
 are issued `patient=True`: for their duration the group's backends take the process's patient timeout
 (`set_patient_timeout`, kept on the default group's log; the live ranks set their start-up timeout), and get
-their own timeout back after. torch has no public per-collective timeout for gloo's object collectives or for
-DCP (only monitored_barrier takes one), so this sets the backend's default timeout (what
-torch.distributed.distributed_c10d._set_pg_timeout does), which applies to the collectives issued meanwhile.
-Without a patient timeout set, patient collectives wait as long as any other.
+their own timeout back after. torch gives one collective a timeout of its own only in monitored_barrier (a
+Work's wait(timeout) bounds the host's wait, not the backend's), and none for object collectives or DCP's; so
+this sets the backend's default timeout (as torch.distributed.distributed_c10d._set_pg_timeout does), which the
+collectives issued meanwhile take. Without a patient timeout set, patient collectives wait as long as any other.
 """
 from __future__ import annotations
 
