@@ -1,7 +1,8 @@
 """The collective log: each rank's last collectives on each process group, so a hang is named as where every rank was.
 
-Every collective both front ends issue passes through fsdp_lab/runtime/core/collectives.py, which records it
-here before issuing it and marks it done after. When one fails (a gloo or NCCL timeout, a peer that died), the
+Every collective both front ends issue passes through fsdp_lab/runtime/core/collectives.py (the lifecycle's) or
+fsdp_lab/runtime/core/side_collectives.py (construction checks, state dicts, checkpoints, the loss), which record
+it here before issuing it and mark it done after. When one fails (a gloo or NCCL timeout, a peer that died), the
 failing rank posts its records to the rendezvous store and reads its peers' ([Note: reporting through the store]);
 `report` turns them into one line naming the mismatch, which CollectiveFailed carries.
 

@@ -13,7 +13,8 @@ fsdp_lab/observe/traffic.py). World size 1 skips the communication.
 
 Each collective issued is recorded first in its group's collective log (fsdp_lab/runtime/core/collective_log.py),
 with the unit and the phase (forward, backward, state_dict, ...) the caller names, and marked done after; a
-failure is reported with every rank's last records ([Note: reporting through the store] there).
+failure is reported with every rank's last records ([Note: reporting through the store] there). The collectives
+off the lifecycle go through fsdp_lab/runtime/core/side_collectives.py into the same log.
 
 [Note: dividing by N without overflow] gloo has no AVG for reduce-scatter, so the mean is a sum divided by N.
 In float16 (largest value 65504) the sum of N large gradients can overflow before the division. As torch FSDP2
