@@ -97,3 +97,43 @@ def ring_of_one_step(rank, world_size, front_end):
     step(model)
     log = collective_log.log_of(dist.group.WORLD)
     return log.snapshot("finished")
+
+
+def side_collective_on_rank_0_only(rank, world_size, what):
+    """After a step with AdamW, rank 0 alone asks for the full optimizer state dict (what="optim_state_dict": it
+    gathers each rank's keys as objects first) or saves a checkpoint (what="checkpoint": every rank says whether
+    its state is finite); the others wait idle."""
+    import tempfile
+
+    from fsdp_lab import checkpoint
+
+    model = build("FSDP")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    step(model)
+    opt.step()
+    if rank != 0:
+        return _idle()
+    if what == "optim_state_dict":
+        return _failing(lambda: FSDP.optim_state_dict(model, opt))
+    with tempfile.TemporaryDirectory() as directory:
+        return _failing(lambda: checkpoint.save(model, opt, directory, step=1))
+
+
+def patient_collective(rank, world_size, front_end):
+    """Rank 1 enters an all_gather_object two group timeouts after rank 0 (time.sleep: rank 1's imports, say):
+    a patient one completes, and the group's timeout is back to its own after it; the timeouts seen are returned."""
+    from fsdp_lab.runtime.core.side_collectives import issue, patient_timeout, set_patient_timeout
+
+    group = dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu"))
+    own = backend.options._timeout.total_seconds()
+    set_patient_timeout(60.0)
+    with patient_timeout(group):
+        inside = backend.options._timeout.total_seconds()
+    if rank == 1:
+        time.sleep(2 * own)
+    everyone = [None] * world_size
+    issue(dist.all_gather_object, everyone, rank, group=None, phase="init", patient=True)
+    log = collective_log.log_of(None)
+    return {"own": own, "inside": inside, "after": backend.options._timeout.total_seconds(), "everyone": everyone,
+            "record": log.snapshot("finished")["records"][-1][:8], "pid": os.getpid()}

@@ -1,13 +1,16 @@
 """The collective log names where ranks went apart: uneven batches, a collective one rank enters alone, two ranks
 in different orders, on 2 and 4 gloo ranks under both front ends. Each report is asserted word for word (ranks,
 ops, units, phases, sequence numbers), must come within the group's timeout plus 5 s of the mismatching call, and
-no rank process may be left running. The scenarios are in tests/ranks_collective_log.py."""
+no rank process may be left running. The scenarios are in tests/ranks_collective_log.py. Each group's first
+collective is the check that every rank wrapped the same model (#1, at construction under FSDP, at the first
+forward under fully_shard); the lifecycle's are numbered after it."""
 from __future__ import annotations
 
 import psutil
 import pytest
 import torch
-from ranks_collective_log import only_on_rank_0, ring_of_one_step, swapped_order, uneven_batches
+from ranks_collective_log import (only_on_rank_0, patient_collective, ring_of_one_step, side_collective_on_rank_0_only,
+                                  swapped_order, uneven_batches)
 
 from fsdp_lab.runtime.core import collective_log
 from fsdp_lab.runtime.core.collective_log import CollectiveLog
@@ -46,8 +49,8 @@ def test_uneven_batches_name_the_rank_with_one_more_step(front_end, world_size):
     others = list(range(1, world_size))
     results = _run(uneven_batches, world_size, front_end)
     assert _reported(results, [0]) == (
-        f"rank 0 waits in all_gather #7 (0, forward), which {_who(others)} never entered: "
-        f"{'its' if world_size == 2 else 'their'} last was reduce_scatter #6 (0, backward)")
+        f"rank 0 waits in all_gather #8 (0, forward), which {_who(others)} never entered: "
+        f"{'its' if world_size == 2 else 'their'} last was reduce_scatter #7 (0, backward)")
 
 
 @pytest.mark.parametrize("world_size", (2, 4))
@@ -59,8 +62,8 @@ def test_a_collective_entered_on_rank_0_alone_is_named_with_its_phase(front_end,
     phase = "state_dict" if front_end == "FSDP" else "forward"
     results = _run(only_on_rank_0, world_size, front_end)
     assert _reported(results, [0]) == (
-        f"rank 0 waits in all_gather #7 (0, {phase}), which {_who(others)} never entered: "
-        f"{'its' if world_size == 2 else 'their'} last was reduce_scatter #6 (0, backward)")
+        f"rank 0 waits in all_gather #8 (0, {phase}), which {_who(others)} never entered: "
+        f"{'its' if world_size == 2 else 'their'} last was reduce_scatter #7 (0, backward)")
 
 
 @pytest.mark.parametrize("world_size", (2, 4))
@@ -73,24 +76,48 @@ def test_two_orders_are_named_where_they_wait_and_where_they_first_differ(front_
     verb = "waits in" if len(rest) == 1 else "wait in"
     results = _run(swapped_order, world_size, front_end)
     if front_end == "FSDP":
-        first = f"#1: {_who(rest)} all_gather #1 (0, forward), rank 1 all_gather #1 (0, state_dict)"
+        first = f"#2: {_who(rest)} all_gather #2 (0, forward), rank 1 all_gather #2 (0, state_dict)"
     else:
-        first = f"#3: {_who(rest)} all_gather #3 (2, backward), rank 1 all_gather #3 (0, forward)"
+        first = f"#4: {_who(rest)} all_gather #4 (2, backward), rank 1 all_gather #4 (0, forward)"
     assert _reported(results, range(world_size)) == (
-        f"{_who(rest)} {verb} reduce_scatter #5 (2, backward); rank 1 is in all_gather #5 (2, backward); "
+        f"{_who(rest)} {verb} reduce_scatter #6 (2, backward); rank 1 is in all_gather #6 (2, backward); "
         f"the ranks first differ at {first}")
+
+
+@pytest.mark.parametrize("what", ("optim_state_dict", "checkpoint"))
+def test_a_side_collective_entered_on_rank_0_alone_is_named_with_its_phase(what):
+    """Collectives off the unit lifecycle (fsdp_lab/runtime/core/side_collectives.py) are logged too: rank 0 alone
+    asks for FSDP.optim_state_dict (its first collective gathers each rank's keys as objects) or saves a
+    checkpoint (its first asks every rank whether its state is finite)."""
+    results = _run(side_collective_on_rank_0_only, 2, what)
+    message = _reported(results, [0])
+    assert message == (f"rank 0 waits in all_gather_object #8 (root, {what}), which rank 1 never entered: its last "
+                       f"was reduce_scatter #7 (0, backward)")
+    assert "FSDP all_gather_object (2 objects, 2 ranks) did not complete" in results[0]["text"]
+    assert "rank 0: #8 all_gather_object (root, " + what + ") shape [2] object pickled issued" in results[0]["text"]
+
+
+def test_a_patient_collective_outlasts_the_groups_timeout_which_it_restores():
+    """[Note: patient collectives]: rank 1 enters two group timeouts late, the patient all_gather_object waits
+    for it; inside, the backend's timeout is the patient one, after it the group's own again."""
+    results = _run(patient_collective, 2, "FSDP")
+    for r in results:
+        assert (r["own"], r["inside"], r["after"]) == (GROUP_TIMEOUT_S, 60.0, GROUP_TIMEOUT_S)
+        assert r["everyone"] == [0, 1]
+        assert r["record"] == (1, "all_gather_object", "root", "init", (2,), "object", 0, "done")
 
 
 @pytest.mark.parametrize("front_end", FRONT_ENDS)
 def test_one_step_records_each_collective_with_its_unit_phase_shape_and_bytes(front_end):
     snap = run_on_ranks(ring_of_one_step, 2, front_end, timeout_s=120, collective_timeout_s=30)[0]
     assert [r[:8] for r in snap["records"]] == [
-        (1, "all_gather", "0", "forward", (20,), "float32", 80, "done"),
-        (2, "all_gather", "2", "forward", (20,), "float32", 80, "done"),
-        (3, "all_gather", "2", "backward", (20,), "float32", 80, "done"),
-        (4, "all_gather", "0", "backward", (20,), "float32", 80, "done"),
-        (5, "reduce_scatter", "2", "backward", (20,), "float32", 80, "done"),
-        (6, "reduce_scatter", "0", "backward", (20,), "float32", 80, "done"),
+        (1, "all_gather", "root", "init", (1,), "int64", 8, "done"),  # every rank wrapped the same model
+        (2, "all_gather", "0", "forward", (20,), "float32", 80, "done"),
+        (3, "all_gather", "2", "forward", (20,), "float32", 80, "done"),
+        (4, "all_gather", "2", "backward", (20,), "float32", 80, "done"),
+        (5, "all_gather", "0", "backward", (20,), "float32", 80, "done"),
+        (6, "reduce_scatter", "2", "backward", (20,), "float32", 80, "done"),
+        (7, "reduce_scatter", "0", "backward", (20,), "float32", 80, "done"),
     ]
 
 

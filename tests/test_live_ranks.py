@@ -14,6 +14,7 @@ import pytest
 
 from fsdp_lab.lessons.live import Ranks, RanksFailed, RanksState, RankStatus
 from fsdp_lab.lessons.live.magic import parse_args, register
+from fsdp_lab.lessons.live.processes import with_descendants
 from fsdp_lab.lessons.live.ranks import stack_of_current_thread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -150,6 +151,44 @@ def test_a_peer_stuck_in_a_collective_is_reported_too(ranks):
     assert run.by_rank(0).status in (RankStatus.HUNG, RankStatus.RAISED)  # gloo may notice the closed socket
     ranks.restart()
     assert ranks.run("print(rank)").ok
+
+
+def test_a_collective_one_rank_enters_alone_is_named_by_the_collective_log(ranks, capsys):
+    """In a %%ranks cell rank 0 runs a forward that rank 1 skips: rank 0's all-gather fails after the group's
+    timeout (the live ranks' default) with the collective log's message, which names rank 1 by its last
+    collective; the group is then broken, and a restart replaces every old process."""
+    import re
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    assert ranks.group_timeout_s == 10.0  # the default: a hang is named in seconds
+    shell = InteractiveShell.instance()
+    register(ranks, shell=shell)
+    ok = shell.run_cell("%%ranks\nimport time, torch\nfrom torch import nn\nfrom fsdp_lab import FSDP\n"
+                        "from fsdp_lab.wrap import ModuleWrapPolicy\ntorch.manual_seed(0)\n"
+                        "model = FSDP(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4)),\n"
+                        "             auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))\n"
+                        "model(torch.ones(2, 4)).sum().backward()")
+    assert ok.success, ok.error_in_exec
+    capsys.readouterr()
+    bad = shell.run_cell("%%ranks\nt0 = time.monotonic()\nif rank == 0:\n    try:\n        model(torch.ones(2, 4))\n"
+                         "    finally:\n        print(f'failed after {time.monotonic() - t0:.1f} s')")
+    err = bad.error_in_exec
+    assert isinstance(err, RanksFailed), err
+    text = str(err)
+    # the construction check is #1; the step's six lifecycle collectives are #2 to #7
+    assert text.startswith("rank 0 raised an exception: CollectiveFailed: FSDP all_gather of unit '0'"), text
+    assert ("collective log: rank 0 waits in all_gather #8 (0, forward), which rank 1 never entered: its last "
+            "was reduce_scatter #7 (0, backward)") in text, text
+    assert "The process group is broken: call restart()" in text
+    failed_after = float(re.search(r"\[rank 0\] failed after ([0-9.]+) s", capsys.readouterr().out).group(1))
+    assert failed_after < ranks.group_timeout_s + 5, failed_after
+    assert ranks.state is RanksState.BROKEN and err.run.by_rank(1).status is RankStatus.OK
+    old = with_descendants(ranks.pids[:2])  # the engines and their nannies (the controller stays)
+    ranks.restart()
+    assert wait_until_gone(old) == []
+    run = ranks.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
 
 
 def wait_until_gone(pids, seconds=60):

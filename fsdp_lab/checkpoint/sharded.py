@@ -42,6 +42,7 @@ import torch.distributed as dist
 from fsdp_lab.checkpoint import files, trust
 from fsdp_lab.checkpoint.files import FORMAT, CheckpointError
 from fsdp_lab.checkpoint.ownership import output_problem
+from fsdp_lab.runtime.core.side_collectives import issue, patient_timeout
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
 from fsdp_lab.runtime.features.hybrid import checkpoint_mesh
 from fsdp_lab.runtime.fsdp1.api import FSDP
@@ -184,7 +185,8 @@ def shard_shaped_state(optimizer, flat, members, name: str):
 
 def on_rank0(fn: Callable, pg=None, device: Optional[torch.device] = None):
     """Run fn on the group's rank 0 and give every rank its result; any error there is raised on every rank as a
-    CheckpointError, so no rank is left waiting in the broadcast."""
+    CheckpointError, so no rank is left waiting in the broadcast. The others wait for rank 0's work (files, mostly)
+    with the patient timeout ([Note: patient collectives] in fsdp_lab/runtime/core/side_collectives.py)."""
     box = [None]
     if dist.get_rank(pg) == 0:
         try:
@@ -192,7 +194,7 @@ def on_rank0(fn: Callable, pg=None, device: Optional[torch.device] = None):
         except Exception as err:  # reported on every rank, not just the one that failed
             box[0] = ("error", str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}")
     src = dist.get_global_rank(pg, 0) if pg is not None else 0
-    dist.broadcast_object_list(box, src=src, group=pg, device=device)
+    issue(dist.broadcast_object_list, box, src=src, group=pg, device=device, phase="checkpoint", patient=True)
     status, value = box[0]
     if status == "error":
         raise CheckpointError(value, every_rank=True)
@@ -241,7 +243,7 @@ def non_finite(model, optimizer=None) -> list[tuple[int, list[str]]]:
                         bad.append(f"optim/{key}/{name}")
     ctx = model._ctx
     found = [None] * ctx.world_size
-    dist.all_gather_object(found, bad, group=ctx.pg)
+    issue(dist.all_gather_object, found, bad, group=ctx.pg, phase="checkpoint", patient=True)
     return [(rank, keys) for rank, keys in enumerate(found) if keys]
 
 
@@ -287,7 +289,8 @@ def save(model, optimizer, directory: str | os.PathLike, step: int, extra: Optio
                                        for pg in optimizer.param_groups]}
     writer = (writer_factory or dcp.FileSystemWriter)(str(tmp))
     try:
-        dcp.save(state, storage_writer=writer, process_group=job_group(model))
+        with patient_timeout(job_group(model)):  # DCP writes each rank's files between its collectives
+            dcp.save(state, storage_writer=writer, process_group=job_group(model))
     except (Exception, CheckpointException) as err:
         needed = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in state.values())
         raise CheckpointError(f"saving step {step} into {tmp} failed; '{files.LATEST}' still names the previous "
@@ -364,7 +367,8 @@ def load(model, optimizer, path: str | os.PathLike, allow_unverified: bool = Fal
                     entry[full_key[len(prefix):]] = (state[full_key], False)
             loaded_optim.append((flat, members, entry))
     try:
-        dcp.load(state, storage_reader=reader, process_group=job_group(model))
+        with patient_timeout(job_group(model)):
+            dcp.load(state, storage_reader=reader, process_group=job_group(model))
     except (Exception, CheckpointException) as err:
         raise CheckpointError(f"loading {step_dir} failed: {_one_line(err)}", every_rank=True) from err
     restored = []  # (parameter, its state): the flat shard, or with use_orig_params each original parameter

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.runtime.core.side_collectives import issue
 from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import Block, batch_for_step, build_gpt, rank_slice
@@ -26,7 +27,7 @@ class DemoStep:
 
 def _global_mean(value: torch.Tensor) -> float:
     value = value.detach().float().clone()
-    dist.all_reduce(value)
+    issue(dist.all_reduce, value, phase="loss")
     return value.item() / dist.get_world_size()
 
 

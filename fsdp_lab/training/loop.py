@@ -31,6 +31,7 @@ from fsdp_lab.checkpoint.ownership import RunLock, check_unlocked, output_proble
     save_conflict
 from fsdp_lab.observe.trace import Tracer, rank_file
 from fsdp_lab.runtime.core.mixed_precision import MixedPrecision
+from fsdp_lab.runtime.core.side_collectives import issue
 from fsdp_lab.runtime.core.strategy import BackwardPrefetch, ShardingStrategy
 from fsdp_lab.runtime.features.activation_checkpointing import apply_activation_checkpointing
 from fsdp_lab.runtime.fsdp1.api import FSDP
@@ -319,7 +320,7 @@ def _step(model, optimizer, cfg: TrainConfig, step: int, rank: int, world_size: 
     loss.backward()
     optimizer.step()
     total = loss.detach().float().reshape(1).clone()
-    dist.all_reduce(total)
+    issue(dist.all_reduce, total, phase="loss")
     loss_value = total.item() / world_size  # .item() waits for the GPU: the time below is the real step time
     dt = time.perf_counter() - t0
     return {"step": step, "loss": loss_value, "tokens_per_s": x.numel() * world_size / dt,

@@ -15,6 +15,7 @@ import faulthandler
 import os
 import signal
 from datetime import timedelta
+from typing import Optional
 
 STACK_SIGNAL = signal.SIGUSR1
 
@@ -43,8 +44,10 @@ def post_finished() -> None:
 
 
 def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: int, stack_file: str,
-         threads: int = 1) -> dict:
-    """Join the gloo group as `rank`; return what the kernel needs to watch this engine (its pid)."""
+         threads: int = 1, patient_timeout_s: Optional[float] = None) -> dict:
+    """Join the gloo group as `rank`, whose collectives time out after `timeout_s` and its patient ones after
+    `patient_timeout_s` ([Note: patient collectives] in fsdp_lab/runtime/core/side_collectives.py); return what
+    the kernel needs to watch this engine (its pid)."""
     import torch
     import torch.distributed as dist
 
@@ -59,5 +62,9 @@ def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: in
         dist.destroy_process_group()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
+    if patient_timeout_s is not None:
+        from fsdp_lab.runtime.core.side_collectives import set_patient_timeout
+
+        set_patient_timeout(patient_timeout_s)
     return {"rank": rank, "pid": os.getpid()}
 

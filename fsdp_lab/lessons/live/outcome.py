@@ -38,6 +38,7 @@ class RankOutput:
     result: Optional[str] = None  # text/plain of the cell's last expression, as IPython would show it
     error: str = ""  # RAISED: the remote traceback's last lines; DIED: the exit code; HUNG: where it is stuck
     where: str = ""  # HUNG: the innermost frames of the rank's main thread (faulthandler)
+    broke_group: bool = False  # RAISED: what it raised was a failed collective (the group is unusable after it)
 
     def lines(self) -> list:
         body = plain(self.stdout).rstrip("\n").splitlines() + plain(self.stderr).rstrip("\n").splitlines()
@@ -67,8 +68,8 @@ class CellRun:
 
     @property
     def broke_the_group(self) -> bool:
-        """A death or a hang leaves collectives unmatched: the ranks must be restarted."""
-        return any(o.status in (RankStatus.DIED, RankStatus.HUNG) for o in self.outputs)
+        """A death, a hang or a failed collective leaves collectives unmatched: the ranks must be restarted."""
+        return any(o.status in (RankStatus.DIED, RankStatus.HUNG) or o.broke_group for o in self.outputs)
 
     def by_rank(self, rank: int) -> RankOutput:
         for o in self.outputs:

@@ -8,8 +8,17 @@
 
 Every wait has a deadline: start-up (`start_timeout_s`), each cell (`timeout_s`), the group's collectives
 (`group_timeout_s`, 10 s: a collective that hangs in a cell fails that soon, with the collective log's report of
-where every rank was, fsdp_lab/runtime/core/collective_log.py; each engine posts its log after every cell). A rank that raises is reported with its traceback and the others keep their state. A rank
-that dies, or is still running at the deadline, breaks the group ([Note: one process group per engine lifetime]
+where every rank was, fsdp_lab/runtime/core/collective_log.py; each engine posts its log after every cell).
+[Note: the live ranks' timeouts] 10 s names a hang before the learner wonders, and is still far above what any
+collective of the chapters' cells takes once every rank has entered it (milliseconds for the course's models). It
+counts from when a rank enters, so what it must also cover is how far apart ranks enter: within a cell they start
+together and run the same code, except where one rank does work the others wait for. Those collectives are
+patient (fsdp_lab/runtime/core/side_collectives.py) and wait up to `start_timeout_s`, as joining the group does:
+the checks when a model is wrapped or first runs (after each rank's imports and model building),
+sync_module_states, a checkpoint's save and load (DCP writes each rank's files between its collectives), rank 0's
+file work that a broadcast hands on. A rank that raises is reported with its traceback and the others keep their
+state, unless what it raised is a failed collective, which breaks the group. A rank that dies, or is still
+running at the deadline, breaks the group too ([Note: one process group per engine lifetime]
 in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
 on), and every later cell refuses to run until `restart()`. A dead engine or controller found before a cell is named
 the same way. Nothing outlives the kernel, however it ends ([Note: who cleans up after a SIGKILLed kernel] in
@@ -63,7 +72,7 @@ def _tail(text: str, n: int) -> str:
 
 class Ranks:
     def __init__(self, n: int = 2, *, timeout_s: float = 60.0, start_timeout_s: float = 120.0,
-                 group_timeout_s: float = 60.0, threads_per_rank: int = 1, allow_oversubscribe: bool = False,
+                 group_timeout_s: float = 10.0, threads_per_rank: int = 1, allow_oversubscribe: bool = False,
                  allow_low_memory: bool = False):
         if n < 1:
             raise ValueError(f"the number of ranks must be >= 1, got {n}")
@@ -291,7 +300,8 @@ class Ranks:
                      block=False).get(timeout=max(remaining, 1))
         port = free_port()
         calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
-                                               str(self._stack_dir / f"rank{rank}.txt"), self.threads_per_rank)
+                                               str(self._stack_dir / f"rank{rank}.txt"), self.threads_per_rank,
+                                               max(self.start_timeout_s, self.group_timeout_s))
                  for rank, eid in enumerate(self._engine_ids)]
         for rank, call in enumerate(calls):
             remaining = self.start_timeout_s - (time.monotonic() - began)
@@ -378,7 +388,8 @@ class Ranks:
             if "init_process_group" in str(err.evalue):  # the cell's group is gone: re-initialising is not the way
                 message = (f"{err.ename}: rank {rank} has no process group any more (did a cell call "
                            f"destroy_process_group()?); {_RESTART}")
-            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{message}\n{trace}")
+            return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=f"{message}\n{trace}",
+                              broke_group=err.ename in GROUP_BREAKING)
         except Exception as err:  # the controller lost the engine (it unregistered): a death
             return RankOutput(rank, RankStatus.DIED, stdout, stderr, error=f"{type(err).__name__}: {err}")
         result = ar.execute_result
@@ -419,6 +430,10 @@ class Ranks:
     def _kill_engines(self) -> None:
         kill(with_descendants(list(self._pids) + [launcher.pid for launcher in self._launchers()]))
 
+
+# A collective that failed (the collective log's CollectiveFailed, or torch.distributed's own errors from a cell's
+# direct call) leaves the group's connections torn down: gloo fails every later collective at once.
+GROUP_BREAKING = frozenset({"CollectiveFailed", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
 
 _RESTART = "run live_ranks.restart() (the handle live.start() returned) for fresh ranks"
 

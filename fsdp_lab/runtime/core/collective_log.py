@@ -1,7 +1,8 @@
 """The collective log: each rank's last collectives on each process group, so a hang is named as where every rank was.
 
-Every collective both front ends issue passes through fsdp_lab/runtime/core/collectives.py, which records it
-here before issuing it and marks it done after. When one fails (a gloo or NCCL timeout, a peer that died), the
+Every collective both front ends issue passes through fsdp_lab/runtime/core/collectives.py (the lifecycle's) or
+fsdp_lab/runtime/core/side_collectives.py (construction checks, state dicts, checkpoints, the loss), which record
+it here before issuing it and mark it done after. When one fails (a gloo or NCCL timeout, a peer that died), the
 failing rank posts its records to the rendezvous store and reads its peers' ([Note: reporting through the store]);
 `report` turns them into one line naming the mismatch, which CollectiveFailed carries.
 
@@ -29,6 +30,7 @@ import torch.distributed as dist
 
 RING = 32  # records kept per group: enough to see where ranks went apart, small enough to post in one store key
 ISSUED, WAITED, DONE = "issued", "waited", "done"
+OBJECTS = "object"  # the dtype recorded for an object collective (all_gather_object, ...): the shape counts them
 # slots of a record (a list, for speed: [Note: the log on the hot path])
 SEQ, OP, UNIT, PHASE, SHAPE, DTYPE, NUMEL, STATE, T_ISSUED = range(9)
 
@@ -46,13 +48,16 @@ KEY = "fsdp_lab/collective_log/{group}/{rank}"
 class CollectiveLog:
     """One rank's ring of its last collectives on one process group."""
 
-    __slots__ = ("group_name", "rank", "ranks", "seq", "records", "failed_at", "__weakref__")
+    __slots__ = ("group_name", "rank", "ranks", "seq", "records", "failed_at", "patient_timeout_s", "__weakref__")
 
     def __init__(self, group_name: str, rank: int, ranks: tuple, size: int = RING):
         self.group_name, self.rank, self.ranks = group_name, rank, ranks
         self.seq = 0
         self.failed_at = -1  # seq when this rank posted a failure: a later "raised" post must not hide it
         self.records: deque = deque(maxlen=size)
+        # the default group's: how long a patient collective may wait ([Note: patient collectives] in
+        # side_collectives.py); None: as long as any other, the group's own timeout
+        self.patient_timeout_s: Optional[float] = None
 
     def issue(self, op: str, unit: str, phase: str, shape, dtype, numel: int) -> list:
         """Record a collective about to be issued; the caller sets rec[STATE] as it progresses."""
@@ -242,8 +247,9 @@ def details(snaps: dict) -> str:
         if snap is None:
             continue
         for seq, op, unit, phase, shape, dtype, nbytes, state, age in snap["records"][-4:]:
+            size = f"{nbytes:,} B" if dtype != OBJECTS else "pickled"  # objects: their bytes are not known
             lines.append(f"  rank {rank}: #{seq} {op} ({unit or '?'}, {phase or '?'}) shape {list(shape)} {dtype} "
-                         f"{nbytes:,} B {state}, issued {age:.1f} s before the post")
+                         f"{size} {state}, issued {age:.1f} s before the post")
     return "\n".join(lines)
 
 

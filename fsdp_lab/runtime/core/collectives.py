@@ -13,7 +13,8 @@ fsdp_lab/observe/traffic.py). World size 1 skips the communication.
 
 Each collective issued is recorded first in its group's collective log (fsdp_lab/runtime/core/collective_log.py),
 with the unit and the phase (forward, backward, state_dict, ...) the caller names, and marked done after; a
-failure is reported with every rank's last records ([Note: reporting through the store] there).
+failure is reported with every rank's last records ([Note: reporting through the store] there). The collectives
+off the lifecycle go through fsdp_lab/runtime/core/side_collectives.py into the same log.
 
 [Note: dividing by N without overflow] gloo has no AVG for reduce-scatter, so the mean is a sum divided by N.
 In float16 (largest value 65504) the sum of N large gradients can overflow before the division. As torch FSDP2
@@ -69,21 +70,27 @@ def _issue(call: Collective, unit: str, logged, collective, *args, **kwargs):
     except torch.OutOfMemoryError:
         raise  # a loop that catches OOM must still see one
     except RuntimeError as err:
-        last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
-        of = f" of unit '{unit}'" if unit else ""
-        seen, records, first = collective_log.on_failure(logged[0]) if logged is not None else ("", "", False)
-        log_lines = f"\ncollective log: {seen}\n{records}" if seen else ""
-        failed = CollectiveFailed(
-            f"FSDP {call.kind}{of} ({call.numel:,} {call.dtype} elements, {call.world_size} ranks) did not "
-            f"complete.{log_lines}\nEvery rank must run the same FSDP "
-            f"units in the same order: a unit that runs on some ranks only (a data-dependent branch), a forward or "
-            f"backward skipped on one rank, or a rank that died leaves the others waiting until the process "
-            f"group's timeout.\n{last}")
-        failed.collective_log, failed.prints_collective_log = seen, first
-        raise failed from err
+        raise failure(f"{call.kind}", unit, f"{call.numel:,} {call.dtype} elements, {call.world_size} ranks",
+                      logged, err) from err
     if logged is not None and not kwargs.get("async_op"):
         logged[1][STATE] = DONE
     return out
+
+
+def failure(kind: str, unit: str, what: str, logged, err: BaseException) -> CollectiveFailed:
+    """The CollectiveFailed for collective `kind` of `unit` (moving `what`) that raised `err`: the collective
+    log's report first (posted and gathered here, collective_log.on_failure), the backend's last line last."""
+    last = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    of = f" of unit '{unit}'" if unit else ""
+    seen, records, first = collective_log.on_failure(logged[0]) if logged is not None else ("", "", False)
+    log_lines = f"\ncollective log: {seen}\n{records}" if seen else ""
+    failed = CollectiveFailed(
+        f"FSDP {kind}{of} ({what}) did not complete.{log_lines}\nEvery rank must run the same FSDP "
+        f"units in the same order: a unit that runs on some ranks only (a data-dependent branch), a forward or "
+        f"backward skipped on one rank, or a rank that died leaves the others waiting until the process "
+        f"group's timeout.\n{last}")
+    failed.collective_log, failed.prints_collective_log = seen, first
+    return failed
 
 
 # torch 2.13 renamed the flat collectives (the old names still work but warn); torch 2.11 has only the old ones.

@@ -31,6 +31,8 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch import nn
 
+from fsdp_lab.runtime.core.side_collectives import issue
+
 REPLACED_BY = "_fsdp_lab_replaced_by"  # on a Parameter wrapping removed: the name it had in the model
 FLAT_OF = "_fsdp_lab_flat_of"  # on a flat shard: the unit it is the shard of
 SHARDED_BY = "_fsdp_lab_sharded_by"  # on a fully_shard DTensor parameter: (its module's type, its name there)
@@ -129,16 +131,17 @@ def _digest(signature) -> int:
 def check_same_model(signature: list, pg, rank: int, world_size: int, device: torch.device) -> None:
     """Collective ([Note: every rank wraps the same model]). `signature` is, per unit in order, (unit name,
     [(parameter name, shape, requires_grad), ...]). The digests travel as tensors on the model's device (what
-    NCCL needs); only a difference, which ends the run anyway, sends the lists as objects."""
+    NCCL needs); only a difference, which ends the run anyway, sends the lists as objects. Patient ([Note: patient
+    collectives] in side_collectives.py): it follows each rank's imports and model building."""
     if world_size == 1:
         return
     digest = torch.tensor([_digest(signature)], dtype=torch.int64, device=device)
     digests = [torch.empty_like(digest) for _ in range(world_size)]
-    dist.all_gather(digests, digest, group=pg)
+    issue(dist.all_gather, digests, digest, group=pg, phase="init", like=digest, patient=True)
     if len({int(d.item()) for d in digests}) == 1:
         return
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, signature, group=pg)
+    issue(dist.all_gather_object, everyone, signature, group=pg, phase="init", patient=True)
     other = next(r for r in range(world_size) if everyone[r] != signature)
     mine = signature
     for i in range(max(len(mine), len(everyone[other]))):

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_lab.runtime.core.side_collectives import issue
+
 
 def own_modules(unit_module: nn.Module, stop_at: frozenset) -> list[nn.Module]:
     """`unit_module` and the modules below it, breadth first, not entering a module whose id is in `stop_at`
@@ -80,7 +82,7 @@ class UnitInit:
         if on_meta:
             self._materialize(unit_name, modules)
         if self.sync_module_states:
-            self._broadcast(unit_module, flats)
+            self._broadcast(unit_name, unit_module, flats)
         if on_meta or self.sync_module_states:
             for flat in flats:
                 flat.load_params([_one_tensor(unit_name, slot) for slot in flat.slots])
@@ -109,9 +111,11 @@ class UnitInit:
                              f"({', '.join(left[:3])}); it must materialise every parameter and buffer of the "
                              f"module it is given")
 
-    def _broadcast(self, unit_module: nn.Module, flats) -> None:
+    def _broadcast(self, unit_name: str, unit_module: nn.Module, flats) -> None:
         """sync_module_states: rank 0's values of this unit's parameters and of the buffers in its subtree not
-        synced yet (inner units went first; an ignored module's buffers go with the unit around it), as torch."""
+        synced yet (inner units went first; an ignored module's buffers go with the unit around it), as torch.
+        Patient ([Note: patient collectives] in fsdp_lab/runtime/core/side_collectives.py): rank 0 may have
+        spent longer materialising the unit than its peers."""
         tensors = [_one_tensor("", slot) for flat in flats for slot in flat.slots]
         for buf in unit_module.buffers():
             if id(buf) not in self.synced_buffers:
@@ -121,4 +125,5 @@ class UnitInit:
             for group in self.groups:  # hybrid: across the nodes first, so each shard group's rank 0 has rank 0's
                 source = dist.get_global_rank(group, 0)
                 for tensor in tensors:
-                    dist.broadcast(tensor.detach(), src=source, group=group)
+                    issue(dist.broadcast, tensor.detach(), src=source, group=group, unit=unit_name or "root", phase="init",
+                          patient=True)

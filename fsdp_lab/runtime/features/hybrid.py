@@ -27,6 +27,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from fsdp_lab.runtime.core.side_collectives import issue
+
 SHARD, REPLICATE = "shard", "replicate"  # the group labels every traced collective carries
 
 
@@ -181,7 +183,7 @@ def checkpoint_mesh(groups: DataParallelGroups, device_type: str, world_pg: Opti
                          f"{replicas * shards} ranks, not the job's {len(pairs)}: a hybrid checkpoint needs them to "
                          f"tile every rank")
     mine = (dist.get_rank(groups.replicate), dist.get_rank(groups.shard), dist.get_rank())
-    dist.all_gather_object(pairs, mine, group=world_pg)
+    issue(dist.all_gather_object, pairs, mine, group=world_pg, phase="checkpoint", patient=True)
     layout = torch.full((replicas, shards), -1, dtype=torch.int64)
     for r, s, g in pairs:
         layout[r, s] = g

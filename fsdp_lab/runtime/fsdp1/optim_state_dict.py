@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab.runtime.core.collectives import all_gather_flat
+from fsdp_lab.runtime.core.side_collectives import issue
 from fsdp_lab.runtime.fsdp1.state_dict import StateDictType, shard_dim0
 
 
@@ -95,7 +96,7 @@ def optim_state_dict(model, optim, optim_state_dict=None, group=None) -> dict:
     # Which keys each rank has per flat, and its plain values: a rank may hold none of a use_orig_params parameter.
     described = [{k: (v if isinstance(v, tuple) else ("tensor", v.dtype)) for k, v in s.items()} for s in local]
     everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, described, group=ctx.pg)
+    issue(dist.all_gather_object, everyone, described, group=ctx.pg, phase="optim_state_dict")
     mesh = None
     if sharded:
         from torch.distributed.device_mesh import DeviceMesh
@@ -153,7 +154,9 @@ def optim_state_dict_to_load(model, optim, optim_state_dict, is_named_optimizer:
     ctx, settings = model._ctx, model._state_dict_settings
     if settings.state_dict_type is StateDictType.FULL_STATE_DICT and settings.optim_state_dict_config.rank0_only:
         box = [optim_state_dict if ctx.rank == 0 else None]  # rank0_only: only rank 0 holds it
-        dist.broadcast_object_list(box, src=dist.get_global_rank(ctx.pg, 0), group=ctx.pg)
+        # patient ([Note: patient collectives] in side_collectives.py): rank 0 has just read the dict, maybe from disk
+        issue(dist.broadcast_object_list, box, src=dist.get_global_rank(ctx.pg, 0), group=ctx.pg,
+              phase="optim_state_dict", patient=True)
         optim_state_dict = box[0]
     if not isinstance(optim_state_dict, dict) or set(optim_state_dict) != {"state", "param_groups"}:
         raise ValueError(f"optim_state_dict should be FSDP.optim_state_dict's dict with keys 'state' and "
@@ -247,7 +250,7 @@ def _gather_sharded_tensor(value, device: torch.device) -> torch.Tensor:
         mine[at:at + n].copy_(shard.tensor.reshape(-1))
         at += n
     everyone = torch.empty(world * width, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(everyone, mine, group=pg)
+    issue(dist.all_gather_into_tensor, everyone, mine, group=pg, phase="optim_state_dict")
     full = torch.empty(tuple(meta.size), dtype=dtype, device=device)
     for r, shards in enumerate(by_rank):
         at = r * width
