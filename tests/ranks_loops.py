@@ -347,7 +347,9 @@ def grouped_by_name(run: Run, clip: float = 0.05):
               {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR)
     losses = _train(run, model, opt, clip=clip)
-    facts = {"clean": _states_clean(run, model), "names": [n for n, _ in named],
+    # torch FSDP1's names keep the _fsdp_wrapped_module level of each FSDP instance outside summon_full_params
+    facts = {"clean": _states_clean(run, model), "names": [n.replace("_fsdp_wrapped_module.", "") for n, _ in named],
+             "levels": [n.count("_fsdp_wrapped_module.") for n, _ in named],
              "group_sizes": [len(g["params"]) for g in groups]}
     if run.fsdp is not None:
         facts.update(_orig_param_facts(model, named))
