@@ -306,11 +306,12 @@ class FSDP(nn.Module):
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict (an inner
-        instance's: its own module's, keys relative to it), original names and full fp32 tensors (buffers in their own dtype), on every rank (on rank 0 only, or on the CPU, under
-        FSDP.state_dict_type with a FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of
-        every parameter as a DTensor ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one
-        that skips it leaves the others waiting until the collective timeout. `keep_vars` gives detached copies,
-        which is all a gathered copy can be."""
+        instance's: its own module's, keys relative to it), original names and full fp32 tensors (buffers in
+        their own dtype), on every rank (on rank 0 only, or on the CPU, under FSDP.state_dict_type with a
+        FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of every parameter as a DTensor
+        ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one that skips it leaves the
+        others waiting until the collective timeout. `keep_vars` gives detached copies, which is all a gathered
+        copy can be."""
         if args:
             raise ValueError("FSDP.state_dict() takes destination, prefix and keep_vars by name only (positional "
                              "arguments are deprecated in torch)")
