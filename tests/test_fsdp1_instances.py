@@ -3,7 +3,8 @@ auto-wrapped or hand-wrapped unit is an FSDP instance in the module tree around 
 FSDP instance per unit] in fsdp_lab/runtime/fsdp1/nesting.py), listed by FSDP.fsdp_modules in torch's order, with
 torch's names for modules, parameters and state-dict keys; training through them equals torch's; and the walk
 accelerate and Lightning do over them (`.module`, set_state_dict_type, summon_full_params(m, recurse=False))
-sees what it sees in torch.
+sees what it sees in torch. On 2 ranks also: FSDP(FSDP(model)) given directly, an auto_wrap_policy over a module
+that already holds FSDP (refused with torch's words), and state_dict() called on an inner instance.
 
 [Note: the instances tolerance] 1e-6 on losses and parameters: the same units and the same collectives, but
 torch's and fsdp_lab's flat buffers pad and reduce in their own order, so float32 sums may round differently in
