@@ -79,7 +79,7 @@ def train_outer(rank, world_size, mode, steps=3):
         info["tied_aliases"] = [len(s.aliases) for u in model.units for g in u.flats for s in g.slots]
         with FSDP.summon_full_params(model):
             params = {n: p.detach().clone() for n, p in model.named_parameters()}
-        info["buffers"] = {n: b.clone() for n, b in model.named_buffers()}
+        info["buffers"] = {n.replace("_fsdp_wrapped_module.", ""): b.clone() for n, b in model.named_buffers()}
     else:
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
     all_losses = torch.tensor(losses)

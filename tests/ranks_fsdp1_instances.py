@@ -10,7 +10,6 @@ from torch import nn
 from torch.distributed.fsdp import FullStateDictConfig, StateDictType
 
 STEPS = 3
-WRAPPED = "_fsdp_wrapped_module."
 
 
 class Stage(nn.Module):
@@ -96,14 +95,30 @@ def structure(lib: str, model, originals) -> dict:
         "is_root": [m.check_is_root() for m in instances],
         "named_modules": [(n, type(m).__name__.replace("FullyShardedDataParallel", "FSDP"))
                           for n, m in model.named_modules()],
-        # torch keeps the _fsdp_wrapped_module levels outside summon_full_params, fsdp_lab strips them
-        # ([Note: one FSDP instance per unit]): compared level-free, and what fsdp_lab gives is level-free
-        "named_parameters": [n.replace(WRAPPED, "") for n, _ in model.named_parameters()],
-        "inner_named_parameters": [[n.replace(WRAPPED, "") for n, _ in m.named_parameters()] for m in instances[1:]],
+        # the _fsdp_wrapped_module levels stay in the names outside summon_full_params, as in torch
+        "named_parameters": [n for n, _ in model.named_parameters()],
+        "inner_named_parameters": [[n for n, _ in m.named_parameters()] for m in instances[1:]],
         "raw_parameter_names": [n for n, _ in nn.Module.named_parameters(model)],
+        "summoned_names": summoned_names(lib, model, instances[1]),
         "layer_types": [type(layer).__name__.replace("FullyShardedDataParallel", "FSDP")
                         for layer in model.module.layers],
     }
+
+
+def summoned_names(lib: str, model, inner) -> dict:
+    """Which instances strip the levels from their names: those a summon_full_params covers, and only those."""
+    FSDP = fsdp_class(lib)
+    facts = {}
+
+    def names(m):
+        return [n for n, _ in m.named_parameters()]
+
+    for label, target, options in (("root", model, {}), ("inner", inner, {}), ("root_recurse_false", model,
+                                   {"recurse": False}), ("root_rank0_only", model, {"rank0_only": True,
+                                                                                    "writeback": False})):
+        with FSDP.summon_full_params(target, **options):
+            facts[label] = {"root": names(model), "inner": names(inner)}
+    return facts
 
 
 def accelerate_walk(lib: str, model) -> dict:
@@ -154,4 +169,87 @@ def run(rank, world_size, lib: str, cases: tuple) -> dict:
         facts["walk"] = accelerate_walk(lib, model)
         facts["after_training"] = structure(lib, model, originals)
         out[case] = facts
+    return out
+
+
+def first_line_raised(fn) -> tuple | None:
+    """(type, first line of the message) of what `fn` raises, or None."""
+    try:
+        fn()
+    except Exception as exc:  # the type and the words are the facts compared with torch
+        return type(exc).__name__, str(exc).splitlines()[0], str(exc)
+    return None
+
+
+def local_piece(value) -> torch.Tensor:
+    """A state-dict value as this rank holds it: a plain tensor, or the local piece of torch's ShardedTensor or of
+    fsdp_lab's DTensor ([Note: SHARDED_STATE_DICT] in fsdp_lab/runtime/fsdp1/state_dict.py)."""
+    if hasattr(value, "to_local"):
+        value = value.to_local()
+    elif hasattr(value, "local_tensor"):
+        value = value.local_tensor()
+    return value.detach().float().clone()
+
+
+def inner_state_dicts(lib: str, rank: int, world_size: int) -> dict:
+    """state_dict() called on an inner instance (a Stage holding wrapped blocks, and a block), before the first
+    forward and after a training step, full, full on rank 0 only, and sharded."""
+    from torch.distributed.fsdp import ShardedStateDictConfig
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    FSDP = fsdp_class(lib)
+    opts = {"device_id": torch.device("cpu")} if lib == "torch" else {}
+    configs = {"full": (StateDictType.FULL_STATE_DICT, FullStateDictConfig()),
+               "full_rank0_only": (StateDictType.FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)),
+               "sharded": (StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig())}
+    facts = {}
+    for when in ("before_forward", "after_step"):
+        for label, (kind, config) in configs.items():
+            if when == "before_forward" and lib == "torch" and label != "full":
+                continue  # torch's inner state_dict() before a forward makes that instance a root: once per model
+            torch.manual_seed(0)
+            model = FSDP(DeepLM(), auto_wrap_policy=ModuleWrapPolicy({Stage, Block}), **opts)
+            if when == "after_step":
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                loss_of(model, *batch(0, rank, world_size)).backward()
+                opt.step()
+            stage, block = FSDP.fsdp_modules(model)[1:3]
+            with FSDP.state_dict_type(model, kind, config):
+                for name, inner in (("stage", stage), ("block", block)):
+                    state = inner.state_dict()
+                    facts[(when, label, name)] = {k: (tuple(v.shape), local_piece(v)) for k, v in state.items()}
+    return facts
+
+
+def run_gaps(rank, world_size, lib: str) -> dict:
+    """FSDP(FSDP(block)) given directly, an auto_wrap_policy over a module already holding FSDP, and state_dict()
+    of an inner instance: each as torch FSDP1 has it."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    FSDP = fsdp_class(lib)
+    opts = {"device_id": torch.device("cpu")} if lib == "torch" else {}
+    out = {}
+    torch.manual_seed(0)
+    model = FSDP(FSDP(LM(), **opts), **opts)
+    instances = FSDP.fsdp_modules(model)
+    out["double"] = {
+        "named_modules": [(n, type(m).__name__.replace("FullyShardedDataParallel", "FSDP"))
+                          for n, m in model.named_modules()],
+        "named_parameters": [n for n, _ in model.named_parameters()],
+        "is_root": [m.check_is_root() for m in instances],
+        "inner_is_the_given": instances[1] is model.module}
+    out["double"]["losses"] = train(model, rank, world_size)
+    out["double"]["state"] = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+    def double_with_policy():
+        FSDP(FSDP(Block(D), **opts), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), **opts)
+
+    def prenested_with_policy():
+        base = LM()
+        base.layers[0] = FSDP(base.layers[0], **opts)
+        FSDP(base, auto_wrap_policy=ModuleWrapPolicy({Block}), **opts)
+
+    out["double_with_policy"] = first_line_raised(double_with_policy)
+    out["prenested_with_policy"] = first_line_raised(prenested_with_policy)
+    out["inner_state_dicts"] = inner_state_dicts(lib, rank, world_size)
     return out

@@ -328,14 +328,12 @@ def nested_wrap(run: Run, manual: bool = True):
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = _train(run, model, opt)
     facts = {"clean": _states_clean(run, model), "optimizer_tensors": len(opt.param_groups[0]["params"])}
+    params = run.full_params(model)
     if run.fsdp is not None:
         facts["units"] = [u.name for u in model.units]
-        try:
-            FSDP(model)
-            facts["rewrap"] = None
-        except ValueError as err:
-            facts["rewrap"] = str(err)
-    return losses, run.full_params(model), facts
+        outer = FSDP(model)  # torch FSDP1 takes FSDP(FSDP(...)): the outer owns nothing, the model is its unit
+        facts["rewrap"] = [(type(m.module).__name__, m.check_is_root()) for m in FSDP.fsdp_modules(outer)[:2]]
+    return losses, params, facts
 
 
 def grouped_by_name(run: Run, clip: float = 0.05):
@@ -347,7 +345,9 @@ def grouped_by_name(run: Run, clip: float = 0.05):
               {"params": [p for n, p in named if no_decay(n)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=LR)
     losses = _train(run, model, opt, clip=clip)
-    facts = {"clean": _states_clean(run, model), "names": [n for n, _ in named],
+    # torch FSDP1's names keep the _fsdp_wrapped_module level of each FSDP instance outside summon_full_params
+    facts = {"clean": _states_clean(run, model), "names": [n.replace("_fsdp_wrapped_module.", "") for n, _ in named],
+             "levels": [n.count("_fsdp_wrapped_module.") for n, _ in named],
              "group_sizes": [len(g["params"]) for g in groups]}
     if run.fsdp is not None:
         facts.update(_orig_param_facts(model, named))
@@ -371,7 +371,7 @@ def _orig_param_facts(model, named) -> dict:
             grads &= p.grad is not None and p.grad.data_ptr() == grad_ptr
         else:
             grads &= p.grad is None
-        shapes[name] = p.numel()
+        shapes[name.replace("_fsdp_wrapped_module.", "")] = p.numel()  # torch's levels off: the plain name
     after_summon = [id(p) for _n, p in model.named_parameters()]
     with FSDP.summon_full_params(model):
         full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}

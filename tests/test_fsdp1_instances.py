@@ -3,7 +3,8 @@ auto-wrapped or hand-wrapped unit is an FSDP instance in the module tree around 
 FSDP instance per unit] in fsdp_lab/runtime/fsdp1/nesting.py), listed by FSDP.fsdp_modules in torch's order, with
 torch's names for modules, parameters and state-dict keys; training through them equals torch's; and the walk
 accelerate and Lightning do over them (`.module`, set_state_dict_type, summon_full_params(m, recurse=False))
-sees what it sees in torch.
+sees what it sees in torch. On 2 ranks also: FSDP(FSDP(model)) given directly, an auto_wrap_policy over a module
+that already holds FSDP (refused with torch's words), and state_dict() called on an inner instance.
 
 [Note: the instances tolerance] 1e-6 on losses and parameters: the same units and the same collectives, but
 torch's and fsdp_lab's flat buffers pad and reduce in their own order, so float32 sums may round differently in
@@ -14,7 +15,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from ranks_fsdp1_instances import run
+from ranks_fsdp1_instances import run, run_gaps
 
 from fsdp_lab.training.launch import run_on_ranks
 
@@ -66,3 +67,47 @@ def test_accelerate_style_walk_sees_what_torch_shows(world_size, case):
     assert max(abs(a - b) for a, b in zip(got["own_sums"], ref["own_sums"])) <= 1e-5, (got["own_sums"],
                                                                                        ref["own_sums"])
     assert got["inner_clip_raises"] == "RuntimeError" and got["inner_no_sync_raises"] == "RuntimeError"
+
+
+@functools.cache
+def gaps(lib: str) -> list:
+    return run_on_ranks(run_gaps, 2, lib, timeout_s=300)
+
+
+def test_fsdp_of_fsdp_nests_as_torch_does():
+    """FSDP(FSDP(model)): torch takes it, the outer owning nothing of its own and the inner as its one unit."""
+    for ref, got in zip(gaps("torch"), gaps("fsdp_lab")):
+        ref, got = ref["double"], got["double"]
+        for key in ("named_modules", "named_parameters", "is_root"):
+            assert got[key] == ref[key], (key, got[key], ref[key])
+        assert got["inner_is_the_given"] and ref["inner_is_the_given"]
+        assert max(abs(a - b) for a, b in zip(got["losses"], ref["losses"])) <= TOL, (got["losses"], ref["losses"])
+        assert list(got["state"]) == list(ref["state"])
+        diff = {k: (got["state"][k] - ref["state"][k]).abs().max().item() for k in ref["state"]}
+        assert max(diff.values()) <= TOL, diff
+
+
+@pytest.mark.parametrize("case", ["double_with_policy", "prenested_with_policy"])
+def test_policy_over_a_module_with_fsdp_applied_is_refused_as_in_torch(case):
+    for ref, got in zip(gaps("torch"), gaps("fsdp_lab")):
+        assert ref[case] is not None and got[case] is not None, (ref[case], got[case])
+        assert got[case][:2] == ref[case][:2], (got[case][:2], ref[case][:2])
+        assert "FSDP(module, auto_wrap_policy=...)" in got[case][2], got[case][2]
+
+
+def test_inner_instance_state_dict_is_torchs():
+    """state_dict() on an inner instance: its subtree's keys, relative to it, full or sharded as torch gives them
+    (before a forward torch allows one such call per model; fsdp_lab gives the same dict every time)."""
+    for ref, got in zip(gaps("torch"), gaps("fsdp_lab")):
+        ref, got = ref["inner_state_dicts"], got["inner_state_dicts"]
+        assert set(ref) <= set(got), set(ref) - set(got)
+        for key, want in ref.items():
+            have = got[key]
+            assert list(have) == list(want), (key, list(have), list(want))
+            for name, (shape, piece) in want.items():
+                assert have[name][0] == shape and have[name][1].shape == piece.shape, (key, name)
+                assert (have[name][1] - piece).abs().max().item() <= TOL if piece.numel() else True, (key, name)
+        for (when, label, name), state in got.items():  # the calls torch can make once: the same dict again
+            if (when, label, name) not in ref:
+                after = got[("after_step", label, name)]
+                assert list(state) == list(after) and all(state[k][0] == after[k][0] for k in state)

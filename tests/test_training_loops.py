@@ -104,7 +104,7 @@ def test_manual_nested_wrap_trains_every_block(ranked, references):
     facts = check_matches("nested_wrap", ranked, references)
     assert facts["units"] == ["blocks.0", "blocks.1", "blocks.2", "<root>"]
     assert facts["optimizer_tensors"] == 4, "one flat shard per unit"
-    assert "already wrapped" in facts["rewrap"]
+    assert facts["rewrap"] == [("FSDP", True), ("LoopNet", False)], "FSDP(model) nests it, as torch FSDP1 does"
 
 
 @pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "ZERO1", "NO_SHARD"])
@@ -114,6 +114,8 @@ def test_use_orig_params_groups_by_name(strategy, ranked, references):
     facts = check_matches(name, ranked, references)
     plain = references[name][2]
     assert facts["names"] == plain["names"], "original names, in the plain model's order"
+    assert facts["levels"] == [2 if n.startswith("blocks.") else 1 for n in plain["names"]], \
+        "torch FSDP1's names: one _fsdp_wrapped_module level per FSDP instance above the parameter"
     assert facts["group_sizes"] == plain["group_sizes"]
     assert facts["views_of_shard"] and facts["grads_views_of_shard_grad"]
     assert facts["same_objects_after_summon"], "summon_full_params must put the optimizer's parameters back"

@@ -31,12 +31,13 @@ from fsdp_lab.runtime.fsdp1 import optim_state_dict as optim_state
 from fsdp_lab.runtime.fsdp1.device import check_param_init_fn, check_process_group, resolve_device
 from fsdp_lab.runtime.fsdp1.flat_param import FlatParam, check_flat_dtypes
 from fsdp_lab.runtime.fsdp1.grad_norm import clip_grad_norm_
-from fsdp_lab.runtime.fsdp1.nesting import WRAPPED, install_unit_wrappers, set_seam, take_over_nested
+from fsdp_lab.runtime.fsdp1.nesting import (WRAPPED, install_unit_wrappers, refuse_nested_with_policy, set_seam,
+                                            take_over_nested)
 from fsdp_lab.runtime.fsdp1.not_provided import (NOT_PROVIDED, not_provided, not_provided_message,
                                                  refuse_dcp_optimizer_state)
 from fsdp_lab.runtime.fsdp1.partition import partition_params
-from fsdp_lab.runtime.fsdp1.state_dict import (DEFAULT_SETTINGS, StateDictSettings, coerce_settings, full_state_dict,
-                                               load_full_state_dict)
+from fsdp_lab.runtime.fsdp1.state_dict import (DEFAULT_SETTINGS, StateDictSettings, cast_buffers, coerce_settings,
+                                               instance_state_dict, load_full_state_dict)
 from fsdp_lab.runtime.fsdp1.summon import flat_param_name, summon_full_params
 from fsdp_lab.runtime.fsdp1.wrap import select_units
 
@@ -61,8 +62,6 @@ class FSDP(nn.Module):
                  limit_all_gathers: bool = True, use_orig_params: bool = False, ignored_states=None,
                  device_mesh=None):
         super().__init__()
-        if isinstance(module, FSDP):
-            raise ValueError("module is already wrapped with FSDP")
         check_param_init_fn(param_init_fn)
         ignored = resolve_ignored(module, ignored_modules, ignored_states, FSDP)
         check_process_group(None)  # initialised? (fsdp1_groups checks the groups given)
@@ -80,6 +79,7 @@ class FSDP(nn.Module):
                           "use_orig_params": bool(use_orig_params),
                           "cpu_offload": bool(getattr(cpu_offload, "offload_params", False))}
         self.__dict__["_root"] = self  # [Note: one FSDP instance per unit] in nesting.py
+        refuse_nested_with_policy(module, auto_wrap_policy, FSDP)  # as torch's _auto_wrap does
         nested_units, nested_objects = take_over_nested(self, module, FSDP)
         refuse_wrapped_inside(module)  # [Note: traps that train nothing] in misuse.py
         device = resolve_device(module, device_id, dist.get_backend(pg))
@@ -96,15 +96,7 @@ class FSDP(nn.Module):
         unit_init = UnitInit(param_init_fn, device, bool(sync_module_states),
                              tuple(g for g in (groups.replicate, pg) if g is not None),
                              frozenset(id(u.module) for u in unit_params), ignored.modules, ignored.params)
-        self._buffer_dtypes = {}  # qualified name -> dtype before buffer_dtype cast it: what state_dict() gives
-        if mixed_precision is not None and mixed_precision.buffer_dtype is not None:
-            for module_name, buf_module in module.named_modules():
-                if id(buf_module) in ignored.modules:  # [Note: ignored modules] in ignored.py
-                    continue
-                for name, buf in buf_module._buffers.items():
-                    if buf is not None and buf.is_floating_point():
-                        self._buffer_dtypes[f"{module_name}.{name}" if module_name else name] = buf.dtype
-                        buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
+        self._buffer_dtypes = cast_buffers(module, mixed_precision, ignored.modules)  # what state_dict() gives
         self._fsdp_wrapped_module = module
         self._use_orig_params = bool(use_orig_params)
         self._state_dict_settings = DEFAULT_SETTINGS
@@ -298,33 +290,32 @@ class FSDP(nn.Module):
         return clip_grad_norm_(self, max_norm, norm_type)
 
     def named_parameters(self, *args, **kwargs):
-        """The plain module's names (every `_fsdp_wrapped_module.` level stripped), inside summon_full_params and
-        outside it. torch FSDP1 strips them only inside summon_full_params; here names are stable, so optimizer
-        groups and checks built by name read the same whether summoned or not."""
+        """As torch FSDP1's: the `_fsdp_wrapped_module.` levels are in the names, except while this instance is
+        summoned (summon_full_params over it), when they are the plain module's ([Note: names with and without
+        the levels] in nesting.py)."""
         refuse_dcp_optimizer_state(sys._getframe(1))
+        clean = self._summoning
         for name, param in super().named_parameters(*args, **kwargs):
-            yield name.replace(_PREFIX, ""), param
+            yield (name.replace(_PREFIX, "") if clean else name), param
 
     def named_buffers(self, *args, **kwargs):
+        """As torch FSDP1's (and as named_parameters): plain names only while this instance is summoned."""
+        clean = self._summoning
         for name, buf in super().named_buffers(*args, **kwargs):
-            yield name.replace(_PREFIX, ""), buf
+            yield (name.replace(_PREFIX, "") if clean else name), buf
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
-        """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict, original names
-        and full fp32 tensors (buffers in their own dtype), on every rank (on rank 0 only, or on the CPU, under
-        FSDP.state_dict_type with a FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of
-        every parameter as a DTensor ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one
-        that skips it leaves the others waiting until the collective timeout. `keep_vars` gives detached copies,
-        which is all a gathered copy can be."""
+        """Collective, like torch FSDP1's default FULL_STATE_DICT: the plain module's state dict (an inner
+        instance's: its own module's, keys relative to it), original names and full fp32 tensors (buffers in
+        their own dtype), on every rank (on rank 0 only, or on the CPU, under FSDP.state_dict_type with a
+        FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of every parameter as a DTensor
+        ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one that skips it leaves the
+        others waiting until the collective timeout. `keep_vars` gives detached copies, which is all a gathered
+        copy can be."""
         if args:
             raise ValueError("FSDP.state_dict() takes destination, prefix and keep_vars by name only (positional "
                              "arguments are deprecated in torch)")
-        if self._root is not self:  # the walk of the root's state_dict passes through ([Note: one FSDP ...])
-            if destination is None:
-                raise NotImplementedError("state_dict() of an inner FSDP instance is not supported by fsdp_lab: "
-                                          "call it on the root FSDP module (its keys are torch's)")
-            return self._fsdp_wrapped_module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-        return full_state_dict(self, self._state_dict_settings, destination, prefix)
+        return instance_state_dict(self, destination, prefix, keep_vars)  # [Note: an inner instance's state dict]
 
     def apply(self, fn):
         """Collective, as in torch FSDP1: `fn` runs inside summon_full_params(writeback=True), so an init function

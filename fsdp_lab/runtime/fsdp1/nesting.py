@@ -6,7 +6,7 @@ instance whose `.module` is the submodule, and accelerate and Lightning walk the
 `m.module`, `summon_full_params(m, recurse=False)`). Here the root FSDP object still builds and drives every
 Unit (one unit state machine, one FSDPState, the hooks on the unit modules themselves); once they are built,
 `install_unit_wrappers` puts an FSDP instance of the same class around each non-root unit's module. The seam
-between such a wrapper and the core is four attributes, all set here and nowhere else:
+between such a wrapper and the core is five attributes, all set here (and `_summoning` by summon.py):
 
 - `_root`: the root FSDP object (the root's own `_root` is itself): root duties (the forward's start and end,
   the end of backward, freeing every unit) always run on it; `check_is_root()` is `_root is self`;
@@ -14,16 +14,23 @@ between such a wrapper and the core is four attributes, all set here and nowhere
 - `_units`: the Units inside this instance's subtree, innermost first, its own unit last (what summon,
   load_state_dict and apply on an inner instance act on);
 - `_fsdp_wrapped_module`: the unit's module, a registered submodule, so `named_modules()` shows the
-  `_fsdp_wrapped_module` levels torch shows, and `.module` is the original submodule.
+  `_fsdp_wrapped_module` levels torch shows, and `.module` is the original submodule;
+- `_summoning`: inside a summon_full_params over this instance ([Note: names with and without the levels]).
 
 A wrapper's forward only calls its module (whose hooks run the unit), so the hot path gains one nn.Module call
-per unit, which torch's instances cost too. The names users see are torch's: `named_modules()` shows the
-`_fsdp_wrapped_module.` levels; `named_parameters()` strips them (torch strips them only while summoned: the
-one difference, kept so that names built before and during a summon agree); the state dict walks straight
-through a wrapper (its `state_dict` hands the walk to its module with the same prefix), so its keys are the plain
-module's; and a load pre-hook on each wrapper puts the level back into the keys it loads, as torch's does.
-FSDP(FSDP(block)) itself (an FSDP given directly to FSDP) is still refused: only FSDP instances inside the module
-are taken over.
+per unit, which torch's instances cost too. The state dict walks straight through a wrapper (its `state_dict`
+hands the walk to its module with the same prefix), so its keys are the plain module's, and a load pre-hook on
+each wrapper puts the level back into the keys it loads, as torch's does.
+
+[Note: names with and without the levels] The names users see are torch's. `named_modules()` shows the
+`_fsdp_wrapped_module.` levels, and so do `named_parameters()` and `named_buffers()`
+(`_fsdp_wrapped_module.layers.0._fsdp_wrapped_module._flat_param`, or with use_orig_params the original names
+under those levels), except on an instance that is summoned: summon_full_params marks every instance it covers
+(`_summoning`: the whole subtree, or the one instance with recurse=False, on every rank even with rank0_only),
+and only those strip the levels from the names they give, as torch's do while their training state is
+SUMMON_FULL_PARAMS. Code that keys by name outside a summon (optimizer groups by substring, checks by suffix)
+reads the same either way; code that compares names with the plain module's strips the levels, as it must
+with torch.
 
 [Note: nested FSDP] FSDP1 scripts often wrap by hand. Each root FSDP found inside the module being wrapped is
 taken apart first: its module gets its original parameters back (gathered from the shards), its hooks are
@@ -44,11 +51,31 @@ from fsdp_lab.runtime.fsdp1.summon import flat_param_name, gather_master, regist
 WRAPPED = "_fsdp_wrapped_module"
 
 
+def plain_name(name: str) -> str:
+    """`name` without its `_fsdp_wrapped_module.` levels: the plain module's name (state-dict keys, the original
+    parameter names a unit records)."""
+    return name.replace(WRAPPED + ".", "")
+
+
+def refuse_nested_with_policy(module: nn.Module, auto_wrap_policy, fsdp_class: type) -> None:
+    """torch FSDP1's check (_check_nested_wrapping in _wrap_utils.py), with its words: an auto_wrap_policy only
+    over a module that has no FSDP applied yet, `module` itself included."""
+    if auto_wrap_policy is None:
+        return
+    for name, sub in module.named_modules():
+        if isinstance(sub, fsdp_class):
+            what = f"whose '{name}' is wrapped in FSDP already" if name else "that is an FSDP already"
+            raise ValueError(f"FSDP auto wrapping requires modules to not already have FSDP applied but found "
+                             f"{name} in\n{module}\nFSDP(module, auto_wrap_policy=...) got a module {what}: wrap "
+                             f"the plain module with the policy, or wrap by hand without one")
+
+
 def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> tuple[list[nn.Module], dict]:
-    """Take apart every root `fsdp_class` instance inside `module`; return their unit modules, innermost first,
-    and {id(unit module): FSDP object} of the objects to put back as wrappers. A wrapper of another model is left
+    """Take apart every root `fsdp_class` instance inside `module` (`module` itself too: FSDP(FSDP(block)), where
+    the outer owns nothing of its own, as in torch); return their unit modules, innermost first, and
+    {id(unit module): FSDP object} of the objects to put back as wrappers. A wrapper of another model is left
     where it is: its flat shards make refuse_wrapped_inside name it."""
-    found = []
+    found = [(None, "", module)] if isinstance(module, fsdp_class) and module._root is module else []
 
     def visit(parent: nn.Module):
         for name, child in parent._modules.items():
@@ -58,20 +85,22 @@ def take_over_nested(outer, module: nn.Module, fsdp_class: type) -> tuple[list[n
             elif child is not None:
                 visit(child)
 
-    visit(module)
+    if not found:
+        visit(module)
     unit_modules, objects = [], {}
     for parent, name, inner in found:
         for option, ours in outer._settings.items():
             theirs = inner._settings[option]
             if theirs != ours:
-                raise ValueError(f"nested FSDP '{name}' has {option}={theirs!r} but the outer FSDP has "
+                raise ValueError(f"nested FSDP '{name or 'module'}' has {option}={theirs!r} but the outer FSDP has "
                                  f"{ours!r}: fsdp_lab applies one set of options to a whole model; pass the "
                                  f"same to both, or wrap once with an auto_wrap_policy")
         unit_modules.extend(hand_over_units(inner))
         for wrapper in remove_wrappers(inner, fsdp_class):
             objects[id(wrapper.module)] = wrapper
         objects[id(inner.module)] = inner
-        parent._modules[name] = inner.module
+        if parent is not None:  # FSDP(FSDP(block)): the given FSDP stays the outer's module
+            parent._modules[name] = inner.module
     return unit_modules, objects
 
 
@@ -111,11 +140,13 @@ def remove_wrappers(root, fsdp_class: type) -> list:
 
 
 def set_seam(wrapper, root, units) -> None:
-    """The four attributes of [Note: one FSDP instance per unit]; `_root` bypasses nn.Module's registration (it
+    """The attributes of [Note: one FSDP instance per unit]; `_root` bypasses nn.Module's registration (it
     is not a submodule: the root would contain itself)."""
     wrapper.__dict__["_root"] = root
     wrapper._ctx = root._ctx
     wrapper._units = units
+    wrapper._summoning = False
+    wrapper._state_dict_walk = False  # the root's: its state_dict() is walking the tree ([Note: an inner ...])
 
 
 def install_unit_wrappers(root, fsdp_class: type, objects: dict) -> None:
@@ -144,7 +175,8 @@ def install_unit_wrappers(root, fsdp_class: type, objects: dict) -> None:
             setattr(wrapper, option, getattr(root, option))
         wrapper._buffer_dtypes = {}  # the root restores buffer dtypes for the whole tree
         wrapper.training = unit.module.training
-        parent._modules[attr] = wrapper
+        if wrapper is not parent:  # FSDP(FSDP(block)): the inner instance is the outer's module already
+            parent._modules[attr] = wrapper
 
 
 def _add_wrapped_level(state_dict, prefix, *_args) -> None:

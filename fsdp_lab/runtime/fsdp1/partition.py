@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from fsdp_lab.runtime.fsdp1.nesting import plain_name
+
 
 @dataclass
 class UnitParams:
@@ -44,7 +46,7 @@ def partition_params(root: nn.Module, unit_modules: list[tuple[str, nn.Module]],
         for attr, param in module._parameters.items():
             if param is None or (ignored is not None and id(param) in ignored.params):
                 continue
-            qualified = f"{mod_name}.{attr}" if mod_name else attr
+            qualified = plain_name(f"{mod_name}.{attr}" if mod_name else attr)  # FSDP(FSDP(block)): no levels
             if id(param) in seen:
                 _param, first_owner, aliases = seen[id(param)]
                 if first_owner is not owner:

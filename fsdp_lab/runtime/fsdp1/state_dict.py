@@ -32,6 +32,7 @@ from collections import OrderedDict
 import torch
 
 from fsdp_lab.runtime.core.strategy import coerce_enum
+from fsdp_lab.runtime.fsdp1.nesting import plain_name
 from fsdp_lab.runtime.fsdp1.summon import gather_master, put_back, register_full_params, settle, summon_full_params
 
 
@@ -108,6 +109,23 @@ def _coerce_config(kind: StateDictType, option: str, config, config_type: type):
     return config_type(*(bool(getattr(config, f)) for f in fields))
 
 
+def cast_buffers(module, mixed_precision, ignored_modules) -> dict:
+    """MixedPrecision(buffer_dtype=...): cast `module`'s floating-point buffers (not those of ignored modules:
+    [Note: ignored modules] in ignored.py); return {plain qualified name: dtype before}, the dtype state_dict()
+    gives them back in."""
+    dtypes = {}
+    if mixed_precision is None or mixed_precision.buffer_dtype is None:
+        return dtypes
+    for module_name, buf_module in module.named_modules():
+        if id(buf_module) in ignored_modules:
+            continue
+        for name, buf in buf_module._buffers.items():
+            if buf is not None and buf.is_floating_point():
+                dtypes[plain_name(f"{module_name}.{name}" if module_name else name)] = buf.dtype
+                buf_module._buffers[name] = buf.to(mixed_precision.buffer_dtype)
+    return dtypes
+
+
 def shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: bool):
     """This rank's torch.chunk piece of `tensor` as a DTensor sharded on dim 0 ([Note: SHARDED_STATE_DICT])."""
     from torch.distributed.tensor import DTensor, Shard
@@ -116,6 +134,23 @@ def shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: 
     local = pieces[rank] if rank < len(pieces) else tensor.new_empty((0, *tensor.shape[1:]))
     local = local.to("cpu", copy=True) if offload else local.clone()
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=tensor.shape, stride=tensor.stride())
+
+
+def instance_state_dict(instance, destination, prefix: str, keep_vars: bool) -> dict:
+    """FSDP.state_dict() of the root or of an inner instance.
+
+    [Note: an inner instance's state dict] In torch FSDP1 every instance's state_dict() gives its own module's
+    state dict, under the state_dict_type set on it: the root's the whole model's, an inner one's its subtree's,
+    keys relative to it (`norm.weight`, not `layers.0.norm.weight`), full (FULL_STATE_DICT) or sharded
+    (SHARDED_STATE_DICT), and collective across the ranks either way. Here an inner instance gathers its own
+    subtree's units the way the root gathers all of them (full_state_dict). While the root's own state_dict()
+    walks the tree it reaches each inner instance's state_dict() with a destination; that call only hands the walk
+    to its module with the same prefix (the root's hooks gather the unit). torch differs in one way we do not
+    copy: an inner instance's state_dict() before the model's first forward takes that instance for a root, and
+    the model's next forward then fails on an assertion; here the model trains on."""
+    if instance._root._state_dict_walk:
+        return instance._fsdp_wrapped_module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+    return full_state_dict(instance, instance._state_dict_settings, destination, prefix)
 
 
 def full_state_dict(model, settings: StateDictSettings, destination=None, prefix: str = "") -> dict:
@@ -130,7 +165,10 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
     keep = not getattr(config, "rank0_only", False) or ctx.rank == 0
     out = destination if destination is not None else OrderedDict()
     before, copies = set(out), set()  # keys a caller put there; ids of the copies made so far
-    buffer_dtypes = {prefix + name: dtype for name, dtype in model._buffer_dtypes.items()}
+    # names below an inner instance ([Note: an inner instance's state dict]) lose its path in the root's module
+    base = "" if model._root is model else plain_name(model._units[-1].name + ".")
+    buffer_dtypes = {prefix + name[len(base):]: dtype for name, dtype in model._root._buffer_dtypes.items()
+                     if name.startswith(base)}
     if settings.state_dict_type is StateDictType.SHARDED_STATE_DICT:
         from torch.distributed.device_mesh import DeviceMesh
 
@@ -139,7 +177,8 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
                              f"supported by fsdp_lab; use FULL_STATE_DICT, or fsdp_lab.checkpoint.save/load")
 
         mesh = DeviceMesh.from_group(ctx.pg, ctx.device.type)
-        param_names = {prefix + q for u in model.units for f in u.flats for s in f.slots for _m, _a, q in s.aliases}
+        param_names = {prefix + q[len(base):] for u in model.units for f in u.flats for s in f.slots
+                       for _m, _a, q in s.aliases}
 
         def convert(key, value):
             if key in param_names:
@@ -180,9 +219,11 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
             restore = []
             handles.append(unit.module.register_state_dict_pre_hook(functools.partial(gather, unit, restore)))
             handles.append(unit.module.register_state_dict_post_hook(functools.partial(copy_out, restore)))
+        model._root._state_dict_walk = True
         with torch.no_grad():
             model.module.state_dict(destination=out, prefix=prefix)
     finally:
+        model._root._state_dict_walk = False
         for handle in handles:
             handle.remove()
     return out
@@ -204,8 +245,5 @@ def load_full_state_dict(model, state_dict, strict: bool, assign: bool):
         result = model.module.load_state_dict(state_dict, strict=strict)
     # the keys under a unit's FSDP instance went in with its _fsdp_wrapped_module level (nesting.py): name them
     # as they were given
-    return type(result)([_clean(k) for k in result.missing_keys], [_clean(k) for k in result.unexpected_keys])
-
-
-def _clean(key: str) -> str:
-    return key.replace("_fsdp_wrapped_module.", "")
+    return type(result)([plain_name(k) for k in result.missing_keys],
+                        [plain_name(k) for k in result.unexpected_keys])

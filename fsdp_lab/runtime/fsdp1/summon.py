@@ -134,7 +134,11 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
     keep = not rank0_only or ctx.rank == 0  # rank0_only: the others take part in the gathers and see shards
     restored = []  # (unit, flat, full fp32, full gradient or None, what to put back or None)
     marked = []  # every unit marked summoned, flats or none ([Note: a unit without flats])
+    # the FSDP instances summoned, on every rank as in torch (rank0_only too): their names lose the levels
+    instances = [m for m in model.modules() if m.__dict__.get("_root") is model._root] if recurse else [model]
     try:
+        for instance in instances:
+            instance._summoning = True
         for unit in units:
             for flat in unit.flats:
                 full, grad = gather_master(unit, flat), gather_grad(unit, flat) if with_grads else None
@@ -146,6 +150,8 @@ def summon_full_params(model, recurse: bool = True, writeback: bool = True, rank
             marked.append(unit)
         yield model
     finally:
+        for instance in instances:
+            instance._summoning = False
         for unit in marked:
             unit.summoned = False
         with torch.no_grad():
