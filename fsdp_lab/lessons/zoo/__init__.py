@@ -46,7 +46,7 @@ ENTRIES = {
                     "https://github.com/neuralmagic/sparseml/pull/135"),
     "tied_across_units": ("an embedding and an LM head silently untied", "facebookresearch/lingua#75",
                           "https://github.com/facebookresearch/lingua/pull/75"),
-    "frozen_in_one_unit": ("LoRA under FSDP: FlatParameter requires uniform requires_grad", "pytorch/pytorch#100945",
+    "frozen_in_one_unit": ("LoRA fails: FlatParameter requires uniform requires_grad", "pytorch/pytorch#100945",
                            "https://github.com/pytorch/pytorch/issues/100945"),
 }
 
