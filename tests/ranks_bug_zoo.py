@@ -60,19 +60,19 @@ def accumulate_synced(model, micro):
         (memory.loss_of(model, x, y) / len(micro)).backward()
 
 
-def blocks_own_units(FSDP, model):  # noqa: N803
+def blocks_own_units(FSDP, model):
     return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({units.Block}))
 
 
-def lora_orig_params(FSDP, model):  # noqa: N803
+def lora_orig_params(FSDP, model):
     return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({units.LoRALinear}), use_orig_params=True)
 
 
-def lora_separate_units(FSDP, model):  # noqa: N803
+def lora_separate_units(FSDP, model):
     return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
 
 
-def _stub(FSDP, model):  # noqa: N803
+def _stub(FSDP, model):
     raise NotImplementedError
 
 
@@ -174,7 +174,7 @@ def wrong_answers(batches) -> dict:
         "gen": str(checks.generates_like_one_process(memory.sharded_generator())),
         "tied": str(checks.keeps_the_weight_tied(units.every_layer)),
         "tied_untie": str(checks.keeps_the_weight_tied(units.untie)),
-        "tied_root": str(checks.keeps_the_weight_tied(lambda FSDP, model: FSDP(model))),  # noqa: N803
+        "tied_root": str(checks.keeps_the_weight_tied(lambda FSDP, model: FSDP(model))),
         "lora": str(checks.trains_only_the_adapter(units.lora_units)),
         "lora_unfreeze": str(checks.trains_only_the_adapter(units.unfreeze)),
     }

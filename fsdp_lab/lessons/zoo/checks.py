@@ -243,7 +243,7 @@ def keeps_the_weight_tied(wrap: Callable) -> Verdict:
     unit, head and embedding one weight after a step, and that step one process's."""
     if wrap is None:
         return unwritten("wrap", wrap)
-    for name, front_end in units._front_ends():
+    for name, front_end in units.front_ends():
         got = _run("wrap", units.tied_step, wrap, front_end)
         if isinstance(got, Verdict):
             return got
@@ -265,7 +265,7 @@ def trains_only_the_adapter(wrap: Callable) -> Verdict:
     unmoved after a step, and the adapters where one process's step puts them."""
     if wrap is None:
         return unwritten("wrap", wrap)
-    for name, front_end in units._front_ends():
+    for name, front_end in units.front_ends():
         got = _run("wrap", units.lora_step, wrap, front_end)
         if isinstance(got, Verdict):
             return got

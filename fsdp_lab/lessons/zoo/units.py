@@ -63,7 +63,8 @@ def sgd_step(model: nn.Module, loss: Callable) -> None:
     opt.step()
 
 
-def _front_ends() -> list:
+def front_ends() -> list:
+    """(name, class) of the front ends a fix runs on: torch's FSDP1 first, then fsdp_lab's."""
     return [("torch's FSDP1", torch_fsdp1), ("fsdp_lab", FSDP)]
 
 
@@ -117,7 +118,7 @@ def one_process_lm() -> nn.Module:
     return ref
 
 
-def every_layer(FSDP, model):  # noqa: N803 (either front end's class)
+def every_layer(FSDP, model):
     """The bug: every layer its own unit, the head (a Linear) in one and the embedding in another."""
     return FSDP(model, auto_wrap_policy=_policy({nn.Embedding, nn.Linear}))
 
@@ -127,7 +128,7 @@ def _policy(classes):
     return ModuleWrapPolicy(classes)
 
 
-def tied_step(wrap: Callable, FSDP) -> dict:  # noqa: N803
+def tied_step(wrap: Callable, FSDP) -> dict:
     """wrap(FSDP, TiedLM()) and one step: {"error"} if it raised, else the units, how far the head's weight is
     from the embedding's, and how far both are from one process's step."""
     try:
@@ -148,7 +149,7 @@ def tied_step(wrap: Callable, FSDP) -> dict:  # noqa: N803
 def tied_report(wrap: Callable = every_layer) -> str:
     """What each front end does with `wrap`, one line each."""
     lines = []
-    for name, front_end in _front_ends():
+    for name, front_end in front_ends():
         got = tied_step(wrap, front_end)
         if "error" in got:
             lines.append(f"{name}: {got['error']}")
@@ -158,7 +159,7 @@ def tied_report(wrap: Callable = every_layer) -> str:
     return "\n".join(lines)
 
 
-def untie(FSDP, model):  # noqa: N803
+def untie(FSDP, model):
     """A wrong fix: give the head its own copy of the weight, then wrap every layer."""
     model.head.weight = nn.Parameter(model.embed.weight.detach().clone())
     return every_layer(FSDP, model)
@@ -198,18 +199,18 @@ def lora_loss(model, whole: bool = False):
     return F.mse_loss(model(x), y)
 
 
-def lora_units(FSDP, model):  # noqa: N803
+def lora_units(FSDP, model):
     """The bug as PEFT users write it: each LoRA layer one unit, base and adapter together, flat parameters."""
     return FSDP(model, auto_wrap_policy=_policy({LoRALinear}))
 
 
-def unfreeze(FSDP, model):  # noqa: N803
+def unfreeze(FSDP, model):
     """A wrong fix: make every parameter trainable so the unit is uniform, then wrap as before."""
     model.requires_grad_(True)
     return lora_units(FSDP, model)
 
 
-def lora_step(wrap: Callable, FSDP) -> dict:  # noqa: N803
+def lora_step(wrap: Callable, FSDP) -> dict:
     """wrap(FSDP, adapted()) and one step: {"error"} if it raised, else how far the frozen bases moved and how far
     the full parameters are from one process's step (the bases frozen)."""
     try:
@@ -235,7 +236,7 @@ def lora_step(wrap: Callable, FSDP) -> dict:  # noqa: N803
 
 def lora_report(wrap: Callable = lora_units) -> str:
     lines = []
-    for name, front_end in _front_ends():
+    for name, front_end in front_ends():
         got = lora_step(wrap, front_end)
         lines.append(f"{name}: {got['error']}" if "error" in got else
                      f"{name}: trained one step; frozen bases moved {got['moved']:.2e}, off one process's step "
