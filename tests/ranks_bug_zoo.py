@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab import FSDP, FullStateDictConfig, MixedPrecision, StateDictType, register_fsdp_forward_method
-from fsdp_lab.lessons.zoo import checks, hangs, memory, numbers
+from fsdp_lab.lessons.zoo import checks, hangs, memory, numbers, units
+from fsdp_lab.wrap import ModuleWrapPolicy
 
 
 # -- the fixes, as the chapter's solutions write them ---------------------------------------------------------------
@@ -57,6 +58,22 @@ def save_full_on_rank_0(model):
 def accumulate_synced(model, micro):
     for x, y in micro:
         (memory.loss_of(model, x, y) / len(micro)).backward()
+
+
+def blocks_own_units(FSDP, model):
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({units.Block}))
+
+
+def lora_orig_params(FSDP, model):
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({units.LoRALinear}), use_orig_params=True)
+
+
+def lora_separate_units(FSDP, model):
+    return FSDP(model, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+
+
+def _stub(FSDP, model):
+    raise NotImplementedError
 
 
 def _timed(fn):
@@ -119,13 +136,26 @@ def zoo(rank, world_size):
     model = memory.sharded_generator()
     register_fsdp_forward_method(model, "generate")
     out["gen_fixed"] = str(checks.generates_like_one_process(model))
+
+    out["tied_torch"] = units.tied_step(units.every_layer, units.torch_fsdp1)
+    out["tied_ours"] = units.tied_step(units.every_layer, FSDP)
+    out["tied_fixed"] = str(checks.keeps_the_weight_tied(blocks_own_units))
+    out["tied_stub"] = str(checks.keeps_the_weight_tied(_stub))
+
+    out["lora_torch"] = units.lora_step(units.lora_units, units.torch_fsdp1)
+    out["lora_ours"] = units.lora_step(units.lora_units, FSDP)
+    out["lora_flats"] = units.flat_buffers(units.lora_units(FSDP, units.adapted()))
+    out["lora_fixed"] = str(checks.trains_only_the_adapter(lora_orig_params))
+    out["lora_fixed_units"] = str(checks.trains_only_the_adapter(lora_separate_units))
+    out["lora_stub"] = str(checks.trains_only_the_adapter(_stub))
     out["wrong"] = wrong_answers(batches)
     return out
 
 
 def wrong_answers(batches) -> dict:
     """Each check against the answer learners give before they see the bug: the broken version itself (and, for
-    the buffers, a MixedPrecision that fixes the count by dropping bf16 compute)."""
+    the buffers, a MixedPrecision that fixes the count by dropping bf16 compute; for the tied weight, an untied copy
+    and a single unit; for the LoRA unit, unfreezing the base)."""
     bf16 = torch.bfloat16
     return {
         "uneven": str(checks.epoch_ends_together(batches)),
@@ -142,4 +172,9 @@ def wrong_answers(batches) -> dict:
         "nosync": str(checks.accumulates_sharded(memory.accumulate_no_sync)),
         "root": str(checks.saves_forward_memory(memory.root_only())),
         "gen": str(checks.generates_like_one_process(memory.sharded_generator())),
+        "tied": str(checks.keeps_the_weight_tied(units.every_layer)),
+        "tied_untie": str(checks.keeps_the_weight_tied(units.untie)),
+        "tied_root": str(checks.keeps_the_weight_tied(lambda FSDP, model: FSDP(model))),
+        "lora": str(checks.trains_only_the_adapter(units.lora_units)),
+        "lora_unfreeze": str(checks.trains_only_the_adapter(units.unfreeze)),
     }

@@ -26,7 +26,7 @@ def ok_on_both(ranks, key):
 
 
 def test_every_entry_cites_a_public_report():
-    assert len(ENTRIES) >= 12
+    assert len(ENTRIES) >= 15
     for entry, (what, ref, url) in ENTRIES.items():
         repo, number = ref.split("#")
         assert url == f"https://github.com/{repo}/{'pull' if '/pull/' in url else 'issues'}/{number}", entry
@@ -116,6 +116,28 @@ def test_generate_outside_forward_fails_until_registered(ranks):
     ok_on_both(ranks, "gen_fixed")
 
 
+def test_a_weight_tied_across_units_is_untied_by_torch_and_refused_here_and_one_unit_for_both_fixes_it(ranks):
+    for out in ranks:
+        torch_got, ours = out["tied_torch"], out["tied_ours"]
+        assert torch_got["units"] == 5 and torch_got["untied"] > 1e-3 and torch_got["gap"] > 1e-3, torch_got
+        assert ours["error"].startswith("ValueError: parameter 'embed.weight' (unit 'embed') is tied to "
+                                        "'head.weight' (unit 'head')"), ours
+        assert out["tied_fixed"].startswith("ok: head and embedding one weight in 3 units"), out["tied_fixed"]
+        assert "not written yet" in out["tied_stub"]
+
+
+def test_frozen_and_trainable_in_one_flat_unit_is_refused_by_torch_and_split_in_two_flats_here(ranks):
+    for out in ranks:
+        assert out["lora_torch"]["error"] == ("ValueError: Must flatten tensors with uniform `requires_grad` when "
+                                              "`use_orig_params=False`"), out["lora_torch"]
+        assert out["lora_ours"] == {"moved": 0.0, "gap": pytest.approx(0.0, abs=1e-6)}
+        assert out["lora_flats"] == [("0._flat_param", True, 8), ("0._flat_param_frozen", False, 10),  # per rank:
+                                     ("2._flat_param", True, 8), ("2._flat_param_frozen", False, 10)]  # halves of 16, 20
+        assert "not written yet" in out["lora_stub"]
+    ok_on_both(ranks, "lora_fixed")
+    ok_on_both(ranks, "lora_fixed_units")
+
+
 WRONG = {  # the words each check's "not yet" must say, on every rank unless a rank is named
     "uneven": "the epoch still hangs: rank 0 waits in all_gather",
     "moe": "the step still hangs",
@@ -129,6 +151,11 @@ WRONG = {  # the words each check's "not yet" must say, on every rank unless a r
     "nosync": "as many as no_sync's",
     "root": "no lower than the root-only",
     "gen": "generate() raises RuntimeError",
+    "tied": "torch's FSDP1: after one step head.weight - embed.weight is",
+    "tied_untie": "the weight is no longer tied",
+    "tied_root": "one unit, the whole model gathered at once",
+    "lora": "torch's FSDP1 refuses it: ValueError: Must flatten tensors with uniform `requires_grad`",
+    "lora_unfreeze": "torch's FSDP1: the frozen bases moved by",
 }
 
 

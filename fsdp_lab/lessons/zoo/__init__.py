@@ -10,6 +10,8 @@ check in .checks that confirms it. ENTRIES names the public report each one come
             an optimizer built before wrapping, buffers cast by mixed precision, a sampler without set_epoch
 - .memory   bytes measured: full state dicts on every rank, no_sync accumulation, wrapping only the root,
             parameters read outside forward
+- .units    which parameters share a unit: a weight tied across two units, frozen and trainable in one unit
+            (torch's FSDP1 beside fsdp_lab's)
 - .checks   the "Your turn" checks: each runs the learner's fix on the ranks and answers ok / not yet
 """
 from __future__ import annotations
@@ -42,6 +44,10 @@ ENTRIES = {
                       "https://github.com/pytorch/pytorch/issues/31771"),
     "summed_loss": ("gradients world_size times too large", "neuralmagic/sparseml#135",
                     "https://github.com/neuralmagic/sparseml/pull/135"),
+    "tied_across_units": ("an embedding and an LM head silently untied", "facebookresearch/lingua#75",
+                          "https://github.com/facebookresearch/lingua/pull/75"),
+    "frozen_in_one_unit": ("LoRA fails: FlatParameter requires uniform requires_grad", "pytorch/pytorch#100945",
+                           "https://github.com/pytorch/pytorch/issues/100945"),
 }
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_lab.lessons.live.verdict import Verdict, not_written, unwritten
-from fsdp_lab.lessons.zoo import hangs, memory, numbers
+from fsdp_lab.lessons.zoo import hangs, memory, numbers, units
 from fsdp_lab.lessons.zoo.common import gathered
 
 
@@ -235,3 +235,46 @@ def generates_like_one_process(model) -> Verdict:
     if gap > 1e-5:
         return (Verdict(False, f"generate() differs from one process's by {gap:.2e}"))
     return (Verdict(True, "generate() gives one process's output"))
+
+
+@agreed
+def keeps_the_weight_tied(wrap: Callable) -> Verdict:
+    """`wrap(FSDP, model)` of the tied LM, with torch's FSDP1 and with fsdp_lab's: no refusal, more than one
+    unit, head and embedding one weight after a step, and that step one process's."""
+    if wrap is None:
+        return unwritten("wrap", wrap)
+    for name, front_end in units.front_ends():
+        got = _run("wrap", units.tied_step, wrap, front_end)
+        if isinstance(got, Verdict):
+            return got
+        if "error" in got:
+            return Verdict(False, f"{name} refuses it: {got['error'][:160]}")
+        if got["units"] < 2:
+            return Verdict(False, f"{name}: one unit, the whole model gathered at once (entry 12): keep the "
+                                  f"blocks in units of their own")
+        if got["untied"] > 0 or got["gap"] > 1e-5:
+            return Verdict(False, f"{name}: after one step head.weight - embed.weight is {got['untied']:.2e} and "
+                                  f"one process's step is {got['gap']:.2e} away: the weight is no longer tied")
+    return Verdict(True, f"head and embedding one weight in {got['units']} units with both front ends; "
+                         f"one process's step (off by {got['gap']:.1e})")
+
+
+@agreed
+def trains_only_the_adapter(wrap: Callable) -> Verdict:
+    """`wrap(FSDP, model)` of the LoRA model, with torch's FSDP1 and with fsdp_lab's: no refusal, the frozen bases
+    unmoved after a step, and the adapters where one process's step puts them."""
+    if wrap is None:
+        return unwritten("wrap", wrap)
+    for name, front_end in units.front_ends():
+        got = _run("wrap", units.lora_step, wrap, front_end)
+        if isinstance(got, Verdict):
+            return got
+        if "error" in got:
+            return Verdict(False, f"{name} refuses it: {got['error'][:160]}")
+        if got["moved"] > 0:
+            return Verdict(False, f"{name}: the frozen bases moved by {got['moved']:.2e}: they were unfrozen, "
+                                  f"and now hold gradients and optimizer state too")
+        if got["gap"] > 1e-5:
+            return Verdict(False, f"{name}: one step is {got['gap']:.2e} off one process's")
+    return Verdict(True, f"bases frozen, adapters at one process's step (off by {got['gap']:.1e}) with both "
+                         f"front ends")
