@@ -3,65 +3,21 @@ modules, each run on fsdp_lab and on torch (FSDP1 with device_id=cpu over gloo, 
 seeds, plus the bytes of parameter storage each rank holds while it wraps."""
 from __future__ import annotations
 
-import gc
-import weakref
-
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel as TorchFSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy as TorchModuleWrapPolicy
-from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fsdp_lab import FSDP
+from fsdp_lab.observe.storage_peak import StoragePeak  # [Note: counting storages, not allocations]
 from fsdp_lab.training.models import GPT, Block, GPTConfig, batch_for_step, rank_slice
 from fsdp_lab.wrap import ModuleWrapPolicy
 
 CFG = GPTConfig(vocab_size=128, block_size=16, n_layer=3, n_head=2, n_embd=32, tie_weights=False)
 SEQ, STEPS, GLOBAL = 8, 3, 4  # GLOBAL: the global batch, split over the ranks
-
-
-class StorageBytes(TorchDispatchMode):
-    """Counts the bytes of every live CPU floating-point storage that an op made while the mode is on, after every
-    op, and keeps the peak (a new peak is counted after a garbage collection, so it never depends on when the
-    collector last ran). Storages are held weakly (torch keeps one Python object per storage while it lives), so
-    freed ones stop counting, and a storage resized to 0 bytes (a freed unsharded buffer) counts 0."""
-
-    def __init__(self):
-        super().__init__()
-        self.storages: dict[int, weakref.ref] = {}
-        self.peak = 0
-
-    def live(self) -> int:
-        total = 0
-        for key, ref in list(self.storages.items()):
-            storage = ref()
-            if storage is None:
-                del self.storages[key]
-            else:
-                total += storage.nbytes()
-        return total
-
-    def settled(self) -> int:
-        """Live bytes once garbage that only a collection frees (reference cycles) is gone."""
-        gc.collect()
-        return self.live()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, DTensor):
-                t = t._local_tensor
-            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_floating_point():
-                storage = t.untyped_storage()
-                self.storages.setdefault(id(storage), weakref.ref(storage))
-        live = self.live()
-        if live > self.peak:  # a candidate peak: count it once garbage in reference cycles is gone, which
-            live = self.settled()  # otherwise lingers until the collector happens to run (load changes when)
-            self.peak = max(self.peak, live)
-        return out
 
 
 def init_fn(module: nn.Module) -> None:
@@ -214,7 +170,7 @@ def wrap_peaks(rank, world_size):
              "real": lambda: (real_gpt(0), {})}
     for lib in ("fsdp_lab", "torch"):
         for path, build in paths.items():
-            with StorageBytes() as counter:
+            with StoragePeak() as counter:
                 model, kwargs = build()
                 wrapped = fsdp(lib, model, **kwargs)
                 out[f"{lib}_{path}"] = {"peak": counter.peak, "final": counter.settled()}
@@ -223,7 +179,7 @@ def wrap_peaks(rank, world_size):
             del model, wrapped
     for lib in ("fsdp_lab", "torch"):
         for path in ("meta", "real"):
-            with StorageBytes() as counter:
+            with StoragePeak() as counter:
                 model = fully_shard_gpt(lib, meta_gpt() if path == "meta" else real_gpt(0), world_size, seed=0)
                 out[f"fs_{lib}_{path}"] = {"peak": counter.peak, "final": counter.settled()}
             if lib == "fsdp_lab":
@@ -262,7 +218,7 @@ def sync_states(rank, world_size):
                 model = real_gpt(10 + rank)
             else:
                 model, kwargs = meta_gpt(), {"param_init_fn": init_fn}
-            with StorageBytes() as counter:
+            with StoragePeak() as counter:
                 wrapped = fsdp(lib, model, sync_module_states=True, **kwargs)
                 peak, final = counter.peak, counter.settled()
             out[f"{lib}_{others}_state"] = full_state(wrapped)

@@ -9,8 +9,8 @@ reference to each CPU floating-point storage it has seen, so a storage that is f
 resized to 0 bytes (an FSDP unit's unsharded buffer after it is freed) counts 0. After every op it adds up the live
 storages; a new peak is counted again after a garbage collection, so that tensors kept alive only by a reference
 cycle do not make the peak depend on when the collector last ran. Storages made before the block are not seen:
-the count is what the block itself made and still holds. tests/test_deferred_init.py measures wrapping with the
-same method (its own copy, kept beside the torch cases it compares).
+the count is what the block itself made and still holds. tests/test_deferred_init.py measures wrapping with this
+counter, for torch's FSDP and ours alike.
 
 [Note: a collection of the block's objects only] With torch imported a full collection walks every object of the
 process and took about a second on a loaded machine, once per new peak. On entry the mode freezes what already
