@@ -24,6 +24,7 @@ from torch import nn
 
 from fsdp_lab.runtime.core import collective_log
 from fsdp_lab.runtime.core.collectives import CollectiveFailed
+from fsdp_lab.runtime.core.side_collectives import patient_timeout
 
 WIDTH = 4
 HANG_TIMEOUT_S = 2.0
@@ -75,7 +76,9 @@ def short_group(timeout_s: float = HANG_TIMEOUT_S):
 def run_broken(fn: Callable[[], object], group) -> tuple[object, str]:
     """(fn's result or None, the collective log's report of the hang or ""), fn's collectives running on `group`.
     A rank that finishes posts its log, so a peer stuck in a collective names it by its last one (or as having
-    issued none on the group); then every rank meets on the default group."""
+    issued none on the group); then every rank meets on the default group, patiently ([Note: patient
+    collectives] in fsdp_lab/runtime/core/side_collectives.py): a rank that never entered the hang gets there a
+    whole hang timeout and a report exchange before the rank that waited in it."""
     result, report = None, ""
     collective_log.log_of(group)  # made now: a rank that issues nothing on the group still posts that it did not
     try:
@@ -83,7 +86,8 @@ def run_broken(fn: Callable[[], object], group) -> tuple[object, str]:
         collective_log.post_all("finished")
     except CollectiveFailed as err:
         report = err.collective_log or str(err).splitlines()[0]
-    dist.barrier()
+    with patient_timeout():
+        dist.barrier()
     return result, report
 
 
