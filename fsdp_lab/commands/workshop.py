@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from fsdp_lab.commands._argtypes import path, positive_int
-from fsdp_lab.commands.lab import QUIET, SETTINGS_DIR
+from fsdp_lab.commands.lab import QUIET, SETTINGS_DIR, stop
 from fsdp_lab.user_files import printable
 
 NAME = "workshop"
@@ -164,10 +164,4 @@ def run(args: argparse.Namespace) -> int:
     try:
         return proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=STOP_GRACE_S)
+        stop(proc, STOP_GRACE_S)
