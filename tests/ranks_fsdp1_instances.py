@@ -169,6 +169,9 @@ def run(rank, world_size, lib: str, cases: tuple) -> dict:
         facts["walk"] = accelerate_walk(lib, model)
         facts["after_training"] = structure(lib, model, originals)
         out[case] = facts
+    if world_size == 4:  # on 2 ranks run_gaps has them
+        out["inner_state_dicts"] = inner_state_dicts(lib, rank, world_size)
+        out["inner_loads"] = inner_loads(lib, rank, world_size)
     return out
 
 
@@ -186,8 +189,9 @@ def local_piece(value) -> torch.Tensor:
     fsdp_lab's DTensor ([Note: SHARDED_STATE_DICT] in fsdp_lab/runtime/fsdp1/state_dict.py)."""
     if hasattr(value, "to_local"):
         value = value.to_local()
-    elif hasattr(value, "local_tensor"):
-        value = value.local_tensor()
+    elif hasattr(value, "local_shards"):  # ShardedTensor: a rank past the last row holds no shard at all
+        shards = value.local_shards()
+        value = shards[0].tensor if shards else torch.empty((0, *value.shape[1:]), dtype=value.dtype)
     return value.detach().float().clone()
 
 
@@ -218,6 +222,62 @@ def inner_state_dicts(lib: str, rank: int, world_size: int) -> dict:
                 for name, inner in (("stage", stage), ("block", block)):
                     state = inner.state_dict()
                     facts[(when, label, name)] = {k: (tuple(v.shape), local_piece(v)) for k, v in state.items()}
+    return facts
+
+
+class ScaledBlock(Block):
+    """A block with a float buffer of its own that bf16 cannot hold exactly (0.1 is not a bf16 number)."""
+
+    def __init__(self):
+        super().__init__(D)
+        self.register_buffer("scale", torch.linspace(0.1, 0.9, D))
+
+    def forward(self, x):
+        return super().forward(x) * self.scale.to(x.dtype)
+
+
+class BufferedLM(LM):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([ScaledBlock(), ScaledBlock()])
+        self.register_buffer("offset", torch.full((D,), 0.1))
+
+
+def inner_loads(lib: str, rank: int, world_size: int) -> dict:
+    """load_state_dict() on an inner instance with what state_dict() of the same instance in another model gave,
+    full and sharded, under MixedPrecision(param_dtype=buffer_dtype=bf16): the whole model's full state dict
+    afterwards (values and dtypes, buffers included) and the next step's loss."""
+    from torch.distributed.fsdp import MixedPrecision, ShardedStateDictConfig
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    FSDP = fsdp_class(lib)
+    opts = {"device_id": torch.device("cpu")} if lib == "torch" else {}
+    policy = MixedPrecision(param_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
+    configs = {"full": (StateDictType.FULL_STATE_DICT, FullStateDictConfig()),
+               "sharded": (StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig())}
+
+    def trained(seed: int):
+        torch.manual_seed(seed)
+        model = FSDP(BufferedLM(), auto_wrap_policy=ModuleWrapPolicy({ScaledBlock}), mixed_precision=policy,
+                     **opts)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss_of(model, *batch(seed, rank, world_size)).backward()
+        opt.step()
+        return model
+
+    def full_state(model) -> dict:
+        with FSDP.state_dict_type(model, *configs["full"]):
+            return {k: (str(v.dtype), v.detach().float().clone()) for k, v in model.state_dict().items()}
+
+    facts = {}
+    for label, (kind, config) in configs.items():
+        source, target = trained(0), trained(1)
+        inner, inner_target = FSDP.fsdp_modules(source)[2], FSDP.fsdp_modules(target)[2]
+        with FSDP.state_dict_type(source, kind, config), FSDP.state_dict_type(target, kind, config):
+            facts[(label, "result")] = str(inner_target.load_state_dict(inner.state_dict()))
+        facts[(label, "source")], facts[(label, "target")] = full_state(source), full_state(target)
+        with torch.no_grad():
+            facts[(label, "next_loss")] = mean_over_ranks(loss_of(target, *batch(5, rank, world_size)), world_size)
     return facts
 
 
@@ -252,4 +312,5 @@ def run_gaps(rank, world_size, lib: str) -> dict:
     out["double_with_policy"] = first_line_raised(double_with_policy)
     out["prenested_with_policy"] = first_line_raised(prenested_with_policy)
     out["inner_state_dicts"] = inner_state_dicts(lib, rank, world_size)
+    out["inner_loads"] = inner_loads(lib, rank, world_size)
     return out
