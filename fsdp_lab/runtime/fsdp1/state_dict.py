@@ -208,7 +208,9 @@ def full_state_dict(model, settings: StateDictSettings, destination=None, prefix
                 where = (value.data_ptr(), value.shape, value.stride(), value.dtype)
                 if where not in by_storage:
                     by_storage[where] = convert(key, value)
-                    if key in buffer_dtypes:  # MixedPrecision.buffer_dtype: saved in the buffer's own dtype
+                    # MixedPrecision.buffer_dtype: saved in the buffer's own dtype, as torch documents it.
+                    # torch 2.13 keeps a nested root's own buffers in buffer_dtype (tests/test_fsdp1_instances.py)
+                    if key in buffer_dtypes:
                         by_storage[where] = by_storage[where].to(buffer_dtypes[key])
                 state[key] = by_storage[where]
                 copies.add(id(state[key]))
