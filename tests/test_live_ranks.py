@@ -191,6 +191,35 @@ def test_a_collective_one_rank_enters_alone_is_named_by_the_collective_log(ranks
     assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
 
 
+def test_a_patient_collective_one_rank_enters_alone_is_named_before_the_cell_times_out(ranks):
+    """A checkpoint's collectives are patient (one rank's file work comes before them), yet in a live cell they wait
+    only until a few seconds before the cell's deadline: rank 0 saving alone fails inside the cell with the
+    collective log's report of the checkpoint's first all_gather_object, instead of a bare "did not finish in
+    time". The group is broken after it, and a restart brings a fresh one."""
+    import re
+
+    cell_s = 32.0
+    patient_s = ranks.patient_timeout_for(cell_s)
+    assert ranks.group_timeout_s < patient_s < cell_s - 10, patient_s
+    run = ranks.run("import tempfile, time, torch\nfrom torch import nn\nfrom fsdp_lab import FSDP, checkpoint\n"
+                    "model = FSDP(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)))\n"
+                    "opt = torch.optim.AdamW(model.parameters(), lr=0.1)\n"
+                    "model(torch.ones(2, 4)).sum().backward()\nopt.step()\nt0 = time.monotonic()\n"
+                    "if rank == 0:\n    try:\n        checkpoint.save(model, opt, tempfile.mkdtemp(), step=1)\n"
+                    "    finally:\n        print(f'failed after {time.monotonic() - t0:.1f} s')", timeout_s=cell_s)
+    saver = run.by_rank(0)
+    assert saver.status is RankStatus.RAISED and saver.broke_group, (saver.status, saver.error)
+    assert re.search(r"collective log: rank 0 waits in all_gather_object #\d+ \(root, checkpoint\), which rank 1 "
+                     r"never entered", saver.error), saver.error
+    failed_after = float(re.search(r"failed after ([0-9.]+) s", saver.stdout).group(1))
+    assert patient_s - 1 < failed_after < patient_s + 5, (failed_after, patient_s)
+    assert run.by_rank(1).status is RankStatus.OK and ranks.state is RanksState.BROKEN
+    ranks.restart()
+    again = ranks.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\n"
+                      "print(t.item())")
+    assert again.ok and [o.stdout.strip() for o in again.outputs] == ["2.0", "2.0"]
+
+
 def wait_until_gone(pids, seconds=60):
     deadline = time.monotonic() + seconds
     while alive(pids) and time.monotonic() < deadline:

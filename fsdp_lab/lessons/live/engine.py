@@ -63,8 +63,13 @@ def join(rank: int, world_size: int, port: int, timeout_s: float, parent_pid: in
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
     if patient_timeout_s is not None:
-        from fsdp_lab.runtime.core.side_collectives import set_patient_timeout
-
         set_patient_timeout(patient_timeout_s)
     return {"rank": rank, "pid": os.getpid()}
+
+
+def set_patient_timeout(seconds: float) -> None:
+    """This rank's patient collectives wait `seconds` from now on (the kernel sets it for each cell's deadline)."""
+    from fsdp_lab.runtime.core import side_collectives
+
+    side_collectives.set_patient_timeout(seconds)
 

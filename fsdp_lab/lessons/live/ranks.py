@@ -13,10 +13,13 @@ where every rank was, fsdp_lab/runtime/core/collective_log.py; each engine posts
 collective of the chapters' cells takes once every rank has entered it (milliseconds for the course's models). It
 counts from when a rank enters, so what it must also cover is how far apart ranks enter: within a cell they start
 together and run the same code, except where one rank does work the others wait for. Those collectives are
-patient (fsdp_lab/runtime/core/side_collectives.py) and wait up to `start_timeout_s`, as joining the group does:
-the checks when a model is wrapped or first runs (after each rank's imports and model building),
-sync_module_states, a checkpoint's save and load (DCP writes each rank's files between its collectives), rank 0's
-file work that a broadcast hands on. A rank that raises is reported with its traceback and the others keep their
+patient (fsdp_lab/runtime/core/side_collectives.py) and wait longer: the checks when a model is wrapped or first
+runs (after each rank's imports and model building), sync_module_states, a checkpoint's save and load (DCP writes
+each rank's files between its collectives), rank 0's file work that a broadcast hands on. A patient collective
+waits `_PATIENT_SHARE` of the cell's timeout (at most `start_timeout_s`, at least the group's timeout): whatever
+one rank does for its peers must end within the cell anyway, and a patient collective that one rank never enters
+then fails inside the cell, with the rest of it left for the collective log's exchange and the traceback (seconds
+on a starved machine), so the learner reads the log's report rather than a bare "did not finish in time". A rank that raises is reported with its traceback and the others keep their
 state, unless what it raised is a failed collective, which breaks the group. A rank that dies, or is still
 running at the deadline, breaks the group too ([Note: one process group per engine lifetime]
 in fsdp_lab.lessons.live.engine): the cell says which rank and what happened (exit code, or the line it is stuck
@@ -54,6 +57,7 @@ from fsdp_lab.training import host_memory
 from fsdp_lab.training.launch import free_port, usable_cores
 
 _POLL_S = 0.05
+_PATIENT_SHARE = 0.5  # of a cell's timeout, for its patient collectives ([Note: the live ranks' timeouts])
 _TRACEBACK_LINES = 12
 
 
@@ -94,6 +98,7 @@ class Ranks:
         self._engine_ids: list = []  # rank → ipyparallel engine id
         self._pids: list = []  # rank → engine process id
         self._stack_dir: Optional[Path] = None  # each rank's faulthandler file
+        self._patient_s: Optional[float] = None  # the engines' patient timeout, set for the cell that runs next
         self._known: Optional[KnownProcesses] = None  # every process seen, and the reaper told of them
         self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
 
@@ -215,6 +220,7 @@ class Ranks:
         bad = [r for r in targets if not 0 <= r < self.n]
         if bad:
             raise ValueError(f"ranks {bad} do not exist: this group has ranks 0..{self.n - 1}")
+        self._set_patient_timeout(self.patient_timeout_for(timeout_s))
         pending = {r: self._client[self._engine_ids[r]].execute(code, silent=False, block=False) for r in targets}
         done: dict = {}
         deadline = time.monotonic() + timeout_s
@@ -234,6 +240,18 @@ class Ranks:
             self.state = RanksState.BROKEN
             self.broken_because = run.failures()
         return run
+
+    def patient_timeout_for(self, cell_timeout_s: float) -> float:
+        """How long the patient collectives of a cell with this timeout may wait ([Note: the live ranks'
+        timeouts])."""
+        return max(self.group_timeout_s, min(self.start_timeout_s, cell_timeout_s * _PATIENT_SHARE))
+
+    def _set_patient_timeout(self, seconds: float) -> None:
+        """Queued on every engine ahead of the cell (an engine runs what it is sent in order); sent only when it
+        changes."""
+        if seconds != self._patient_s:
+            self._client[self._engine_ids].apply_async(engine.set_patient_timeout, seconds)
+            self._patient_s = seconds
 
     def _wait(self, pending: dict, done: dict, deadline: float) -> None:
         """Move each rank from `pending` to `done` as it finishes, raises or dies, until `deadline`."""
@@ -301,8 +319,9 @@ class Ranks:
         port = free_port()
         calls = [self._client[eid].apply_async(engine.join, rank, self.n, port, self.group_timeout_s, os.getpid(),
                                                str(self._stack_dir / f"rank{rank}.txt"), self.threads_per_rank,
-                                               max(self.start_timeout_s, self.group_timeout_s))
+                                               self.patient_timeout_for(self.timeout_s))
                  for rank, eid in enumerate(self._engine_ids)]
+        self._patient_s = self.patient_timeout_for(self.timeout_s)
         for rank, call in enumerate(calls):
             remaining = self.start_timeout_s - (time.monotonic() - began)
             if not call.wait(max(remaining, 0.1)):
