@@ -4,6 +4,10 @@ and the chapter's fix passes the chapter's own check. The ranks' side is tests/r
 every entry, and each test reads its part."""
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from ranks_bug_zoo import zoo
 
@@ -13,6 +17,7 @@ from fsdp_lab.lessons.zoo.memory import FULL_BYTES
 from fsdp_lab.training.launch import run_on_ranks
 
 FULL = FULL_BYTES
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +36,20 @@ def test_every_entry_cites_a_public_report():
         repo, number = ref.split("#")
         assert url == f"https://github.com/{repo}/{'pull' if '/pull/' in url else 'issues'}/{number}", entry
         assert ref in cite(entry) and url in cite(entry)
+
+
+def test_the_opening_list_is_in_the_chapters_order():
+    """Entry N of ENTRIES (the chapter's opening list) is section N of 09a: that section cites its report."""
+    cells = json.loads((REPO / "notebooks" / "09a-bug-zoo.ipynb").read_text())["cells"]
+    sections, number = {}, None
+    for cell in cells:
+        if re.fullmatch(r"zoo-\d+", cell.get("id", "")):
+            number = int(cell["id"].split("-")[1])
+        if number is not None:
+            sections[number] = sections.get(number, "") + "".join(cell["source"])
+    assert sorted(sections) == list(range(1, len(ENTRIES) + 1)), sorted(sections)
+    for number, (entry, (what, ref, url)) in enumerate(ENTRIES.items(), 1):
+        assert ref in sections[number], (number, entry, ref)
 
 
 def test_uneven_batches_hang_is_named_within_seconds_and_the_trimmed_epoch_ends(ranks):
