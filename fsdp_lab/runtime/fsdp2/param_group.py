@@ -5,6 +5,8 @@ as torch.chunk and DTensor's Shard(0) cut it: rank r holds rows [r*c, min((r+1)*
 than c or none at all. That block is the local tensor of a DTensor, wrapped in the nn.Parameter registered under
 the parameter's own name, so `model.parameters()`, optimizers, clip_grad_norm_, `state_dict()` and
 torch.distributed.checkpoint see ordinary DTensors. The padding rows (up to c per rank) exist only on the wire.
+shard_placement_fn may put a parameter on another dim instead ([Note: sharding on another dim] in
+fsdp_lab/runtime/fsdp2/shard_dim.py); what follows holds for it with "rows" read as slices along that dim.
 
 [Note: copy-in, copy-out] The group's all-gather moves one buffer of S = sum(c_i * row_numel_i) elements per rank:
     copy-in   this rank's blocks, cast to the compute dtype, packed end to end into the send buffer (one foreach
