@@ -226,7 +226,22 @@ def case_group_reshard(rank, world_size, lib):
         out["frees"] = {e["unit"]: e.get("group_ranks") for e in tracer.events if e["event"] == "free"
                         and e["phase"] == "forward"}
         opt.zero_grad()
+        out["shard1_refused"] = shard1_group_reshard_refusal(world_size)
     return out
+
+
+def shard1_group_reshard_refusal(world_size: int) -> str | None:
+    """fsdp_lab refuses reshard_after_forward=2 with a Shard(1) parameter (torch's backward fails on it): the
+    message, or None if it was taken."""
+    import fsdp_lab
+    from torch.distributed.tensor import Shard
+
+    try:
+        fsdp_lab.fully_shard(nn.Linear(4, 4), mesh=mesh(world_size), reshard_after_forward=2,
+                             shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
+    except NotImplementedError as err:
+        return str(err)
+    return None
 
 
 def held_after_forward(model, lib: str) -> dict:

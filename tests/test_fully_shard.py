@@ -120,6 +120,8 @@ def test_group_reshard_regathers_within_the_group_and_the_trace_names_it():
         assert set(got["regathers"]) == units
         for unit, (group, received) in got["regathers"].items():
             assert group == pair and received == got["held"][unit], (rank, unit, group, received)
+        refused = got["shard1_refused"]  # with a parameter on Shard(1): refused by name
+        assert refused is not None and "reshard_after_forward=2" in refused and "'weight'" in refused, refused
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""FSDP2's layout: one fully_shard group's parameters, each sharded on dim 0 as a DTensor, gathered in one go.
+"""FSDP2's layout: one fully_shard group's parameters, each sharded on dim 0 (or shard_placement_fn's dim) as a
+DTensor, gathered in one go.
 
 [Note: per-parameter shards] Each parameter of shape (d0, ...) is cut into N row blocks of c = ceil(d0/N) rows,
 as torch.chunk and DTensor's Shard(0) cut it: rank r holds rows [r*c, min((r+1)*c, d0)), which may be fewer
