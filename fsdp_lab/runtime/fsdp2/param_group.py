@@ -132,8 +132,6 @@ class ParamGroup(UnshardedViews):
     def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
                  reduce_dtype: torch.dtype, device: torch.device, placement: Placement | None = None,
                  shard_dims: list[int] | None = None):
-        """`shard_dims`: per entry, the dim shard_placement_fn chose (fsdp_lab/runtime/fsdp2/shard_dim.py);
-        None: all 0."""
         self.unit_name, self.requires_grad = unit_name, requires_grad
         self.placement = placement or Placement(Home.DEVICE, device)
         self.compute_device = device
@@ -148,7 +146,7 @@ class ParamGroup(UnshardedViews):
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
         shapes = [p._local_tensor.shape if is_tp_param(p) else p.shape for p, _a in entries]  # what is cut
-        dims = shard_dims or [0] * len(entries)
+        dims = shard_dims or [0] * len(entries)  # per entry: shard_placement_fn's dim (shard_dim.py), else 0
         row_numels = [math.prod(shape[:d]) * shape[d + 1:].numel() for shape, d in zip(shapes, dims)]
         held_numels = [_local_rows(shape[d], self.rank, n) * row_numel
                        for shape, d, row_numel in zip(shapes, dims, row_numels)]
