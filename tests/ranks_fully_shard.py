@@ -226,7 +226,22 @@ def case_group_reshard(rank, world_size, lib):
         out["frees"] = {e["unit"]: e.get("group_ranks") for e in tracer.events if e["event"] == "free"
                         and e["phase"] == "forward"}
         opt.zero_grad()
+        out["shard1_refused"] = shard1_group_reshard_refusal(world_size)
     return out
+
+
+def shard1_group_reshard_refusal(world_size: int) -> str | None:
+    """fsdp_lab refuses reshard_after_forward=2 with a Shard(1) parameter (torch's backward fails on it): the
+    message, or None if it was taken."""
+    import fsdp_lab
+    from torch.distributed.tensor import Shard
+
+    try:
+        fsdp_lab.fully_shard(nn.Linear(4, 4), mesh=mesh(world_size), reshard_after_forward=2,
+                             shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
+    except NotImplementedError as err:
+        return str(err)
+    return None
 
 
 def held_after_forward(model, lib: str) -> dict:
@@ -468,7 +483,7 @@ def api_checks(rank, world_size):
     def error(fn):
         try:
             fn()
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, NotImplementedError) as err:
             return f"{type(err).__name__}: {err}"
         return None
 
@@ -488,7 +503,7 @@ def api_checks(rank, world_size):
                                                                offload_policy=fsdp_lab.CPUOffloadPolicy())) is None
     out["offload_default_ok"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
                                                                    offload_policy=fsdp_lab.OffloadPolicy())) is None
-    out["placement_fn"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), shard_placement_fn=lambda p: None))
+    out.update(_placement_fn_checks(fsdp_lab, error))
     out["module_list"] = error(lambda: fsdp_lab.fully_shard([]))
     out["bad_int"] = error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), reshard_after_forward=3))
     out["bad_mp"] = error(lambda: fsdp_lab.MixedPrecisionPolicy(param_dtype=torch.int8))
@@ -502,6 +517,22 @@ def api_checks(rank, world_size):
     out["ignored_kept"] = ignored[1].weight is keep and not isinstance(keep, DTensor)
     out["seam_missing"] = _seam_missing(lin)
     return out
+
+
+def _placement_fn_checks(fsdp_lab, error) -> dict:
+    """shard_placement_fn: Shard(1) taken; what it may not return refused by name (tests/test_shard_placement.py
+    runs it on 2 ranks against torch)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
+    from torch.distributed.tensor import Replicate, Shard
+
+    lin = fsdp_lab.fully_shard(nn.Linear(2, 4), shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
+    return {"placement_fn_ok": ([str(p) for p in lin.weight.placements], [str(p) for p in lin.bias.placements]),
+            "placement_replicate": error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
+                                                                      shard_placement_fn=lambda p: Replicate())),
+            "placement_dim": error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2),
+                                                                shard_placement_fn=lambda p: Shard(2))),
+            "placement_mesh": error(lambda: fsdp_lab.fully_shard(nn.Linear(2, 2), shard_placement_fn=lambda p:
+                                                                 ShardPlacementResult(Shard(0), None)))}
 
 
 def _seam_missing(sharded_linear) -> dict:

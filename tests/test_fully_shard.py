@@ -120,6 +120,8 @@ def test_group_reshard_regathers_within_the_group_and_the_trace_names_it():
         assert set(got["regathers"]) == units
         for unit, (group, received) in got["regathers"].items():
             assert group == pair and received == got["held"][unit], (rank, unit, group, received)
+        refused = got["shard1_refused"]  # with a parameter on Shard(1): refused by name
+        assert refused is not None and "reshard_after_forward=2" in refused and "'weight'" in refused, refused
 
 
 @pytest.fixture(scope="module")
@@ -248,9 +250,14 @@ def test_api_shape_and_refusals():
     assert out["slice_class"] == "Sequential", "building an FSDP<Cls> directly builds the plain class"
     assert out["offload_default_ok"] and out["cpu_offload_ok"]
     for key, words in (("again", "already applied"), ("cpu_offload", "offload_policy='cpu' should be"),
-                       ("placement_fn", "shard_placement_fn"), ("module_list", "a non-empty list of them"),
+                       ("placement_replicate", "shard_placement_fn returned Replicate() for parameter 'weight'"),
+                       ("placement_dim", "returned Shard(2) for parameter 'weight' of shape (2, 2)"),
+                       ("placement_mesh", "ShardPlacementResult for parameter 'weight'"),
+                       ("module_list", "a non-empty list of them"),
                        ("bad_int", "reshard_after_forward=3 should be a factor of the mesh size 1"),
                        ("bad_mp", "param_dtype"), ("tied_across", "tied"), ("positional", "positional")):
         assert out[key] is not None and words in out[key], (key, out[key])
+    assert out["placement_fn_ok"] == (["S(1)"], ["S(0)"]), "shard_placement_fn is taken; None means Shard(0)"
+    assert out["placement_mesh"].startswith("NotImplementedError"), out["placement_mesh"]
     assert out["ignored_kept"], "an ignored parameter stays the plain, unsharded one"
     assert out["seam_missing"] == {"FlatParam": [], "ParamGroup": []}, "both layouts provide the whole seam"

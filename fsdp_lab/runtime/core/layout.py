@@ -9,7 +9,8 @@
         all-gather writes the unsharded buffer directly and the reduce-scatter reads the flat gradient.
     ParamGroup (FSDP2, fsdp_lab/runtime/fsdp2/param_group.py)
         every parameter sharded on dim 0 on its own (rows [r*c, (r+1)*c) with c = ceil(dim0/N)), each an
-        nn.Parameter wrapping a DTensor with placement Shard(0). One all-gather per group still: copy-in packs
+        nn.Parameter wrapping a DTensor with placement Shard(0), or on the dim shard_placement_fn chose
+        (fsdp_lab/runtime/fsdp2/shard_dim.py). One all-gather per group still: copy-in packs
         this rank's shards into one send buffer, copy-out turns the rank-major gathered buffer into one
         contiguous unsharded tensor per parameter; the reduce-scatter's copy-in does the reverse for gradients.
 

@@ -157,11 +157,12 @@ def mesh_groups(mesh) -> DataParallelGroups:
                      f"(FSDP) or a 2-D mesh (replicate, shard) (HSDP)")
 
 
-def shard_placements(mesh) -> tuple:
-    """A parameter's placements on fully_shard's mesh: (Shard(0),), or (Replicate(), Shard(0)) for HSDP."""
+def shard_placements(mesh, dim: int = 0) -> tuple:
+    """A parameter's placements on fully_shard's mesh: (Shard(dim),), or (Replicate(), Shard(dim)) for HSDP; dim
+    is 0 unless shard_placement_fn chose another."""
     from torch.distributed.tensor import Replicate, Shard
 
-    return (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
+    return (Shard(dim),) if mesh.ndim == 1 else (Replicate(), Shard(dim))
 
 
 def shard_coordinate(mesh) -> tuple[int, int]:

@@ -2,7 +2,8 @@
 
 Same signature as torch.distributed.fsdp.fully_shard; options we do not support raise a ValueError naming the
 option. Applied bottom-up (each block, then the root) it makes one group per call: the parameters of the module
-that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/fsdp2/param_group.py), driven by a Unit.
+that no earlier call took, sharded per parameter on dim 0 (fsdp_lab/runtime/fsdp2/param_group.py), or on the dim
+shard_placement_fn returns for it (fsdp_lab/runtime/fsdp2/shard_dim.py), driven by a Unit.
 
 [Note: the root of a fully_shard model] fully_shard(block) cannot know whether the block will be the root: a
 later fully_shard(model) may wrap it. As in torch, the first forward (or FSDPModule method) decides: the module
@@ -34,6 +35,7 @@ from fsdp_lab.runtime.fsdp2.fsdp_module import FSDPModule
 from fsdp_lab.runtime.fsdp2.module_group import GroupHooks, root_modules
 from fsdp_lab.runtime.fsdp2.param_group import ParamGroup
 from fsdp_lab.runtime.fsdp2.post_forward import check_group_size, make_post_forward_groups
+from fsdp_lab.runtime.fsdp2.shard_dim import refuse_post_forward_shard, resolve_shard_dim
 from fsdp_lab.runtime.fsdp2.tensor_parallel import check_tp_param, is_tp_param
 
 
@@ -170,15 +172,15 @@ def _states_below(module: nn.Module) -> list[FullyShardState]:
 def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placement_fn=None,
                 mp_policy=MixedPrecisionPolicy(), offload_policy=OffloadPolicy(), ignored_params=None,
                 dp_mesh_dims=None):
-    """Shard `module`'s parameters (those no earlier fully_shard call took) per parameter on dim 0 across `mesh`
-    and make its class an FSDPModule; returns `module`. Call it on each block, then on the root."""
+    """Shard `module`'s parameters (those no earlier fully_shard call took) per parameter on dim 0, or on the
+    dim shard_placement_fn(param) returns as Shard(dim), across `mesh` and make its class an FSDPModule; returns
+    `module`. Call it on each block, then on the root."""
     modules = root_modules(module)  # [Note: one group over several modules] in module_group.py
     for m in modules:
         if isinstance(m, FSDPModule):
             raise ValueError(f"fully_shard was already applied to this {type(m).__name__}")
-    for option, value in (("shard_placement_fn", shard_placement_fn), ("dp_mesh_dims", dp_mesh_dims)):
-        if value is not None:
-            raise ValueError(f"fully_shard option {option}={value!r} is not supported by fsdp_lab")
+    if dp_mesh_dims is not None:
+        raise ValueError(f"fully_shard option dp_mesh_dims={dp_mesh_dims!r} is not supported by fsdp_lab")
     mp_policy = coerce_mp_policy(mp_policy)
     mesh = _check_mesh(mesh)
     device = _mesh_device(mesh)
@@ -190,6 +192,11 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         if is_tp_param(param):
             check_tp_param(param, aliases[0][2], mesh, placement.offloaded,
                            after_forward if type(after_forward) is int else None)
+    shard_size = shard_coordinate(mesh)[1]
+    dims = {id(param): resolve_shard_dim(shard_placement_fn, param, aliases[0][2], shard_size, is_tp_param(param))
+            for param, aliases in trainable + frozen}  # [Note: sharding on another dim] in shard_dim.py
+    if type(after_forward) is int:
+        refuse_post_forward_shard([a[0][2] for p, a in trainable + frozen if dims[id(p)]], after_forward)
     for sub in (sub for m in modules for sub in _managed_modules(m)):
         for name, buf in sub._buffers.items():
             if buf is not None and buf.device.type != "meta" and buf.device != device:
@@ -200,7 +207,8 @@ def fully_shard(module, *, mesh=None, reshard_after_forward=None, shard_placemen
         compute = _compute_dtype(dtype, mp_policy)
         layouts.append(ParamGroup(type(first).__name__, entries, mesh, requires_grad=requires_grad,
                                   compute_dtype=compute, reduce_dtype=mp_policy.reduce_dtype or compute,
-                                  device=device, placement=placement))
+                                  device=device, placement=placement,
+                                  shard_dims=[dims[id(param)] for param, _a in entries]))
     unit = Unit(type(first).__name__, first, layouts, ctx=None, is_root=False)
     unit.reshard_after_forward = True if after_forward is None else bool(after_forward)
     state = FullyShardState(first, unit, mesh, device, mp_policy, after_forward is None, originals)

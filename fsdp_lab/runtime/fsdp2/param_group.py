@@ -1,10 +1,13 @@
-"""FSDP2's layout: one fully_shard group's parameters, each sharded on dim 0 as a DTensor, gathered in one go.
+"""FSDP2's layout: one fully_shard group's parameters, each sharded on dim 0 (or shard_placement_fn's dim) as a
+DTensor, gathered in one go.
 
 [Note: per-parameter shards] Each parameter of shape (d0, ...) is cut into N row blocks of c = ceil(d0/N) rows,
 as torch.chunk and DTensor's Shard(0) cut it: rank r holds rows [r*c, min((r+1)*c, d0)), which may be fewer
 than c or none at all. That block is the local tensor of a DTensor, wrapped in the nn.Parameter registered under
 the parameter's own name, so `model.parameters()`, optimizers, clip_grad_norm_, `state_dict()` and
 torch.distributed.checkpoint see ordinary DTensors. The padding rows (up to c per rank) exist only on the wire.
+shard_placement_fn may put a parameter on another dim instead ([Note: sharding on another dim] in
+fsdp_lab/runtime/fsdp2/shard_dim.py); what follows holds for it with "rows" read as slices along that dim.
 
 [Note: copy-in, copy-out] The group's all-gather moves one buffer of S = sum(c_i * row_numel_i) elements per rank:
     copy-in   this rank's blocks, cast to the compute dtype, packed end to end into the send buffer (one foreach
@@ -36,20 +39,28 @@ from fsdp_lab.runtime.core.layout import UnshardedViews
 from fsdp_lab.runtime.core.misuse import mark_replaced, mark_sharded
 from fsdp_lab.runtime.core.placement import Home, Placement
 from fsdp_lab.runtime.features.hybrid import shard_coordinate, shard_placements
+from fsdp_lab.runtime.fsdp2.shard_dim import copy_out_other_dims, other_dim_plan, rank_major_other_dims
 from fsdp_lab.runtime.fsdp2.tensor_parallel import as_tp, is_tp_param, sharded_spec
 
 
 @dataclass(frozen=True)
 class ShardedParam:
-    """One parameter of a group: its names, global shape, and where its rows live in the buffers."""
+    """One parameter of a group: its names, global shape, and where its rows live in the buffers. "Rows" are
+    slices along the shard dim: dim 0 unless shard_placement_fn chose another ([Note: sharding on another dim] in
+    fsdp_lab/runtime/fsdp2/shard_dim.py)."""
 
     aliases: tuple  # ((module, attribute, qualified name), ...): a tied weight has several
     shape: torch.Size
-    rows: int  # c: rows per rank, padded (ceil(d0/N))
+    rows: int  # c: rows per rank, padded (ceil(shape[dim]/N))
     local_rows: int  # rows this rank holds: c, fewer for the last ranks, or 0
-    row_numel: int  # elements per row: prod(shape[1:])
+    row_numel: int  # elements per row: the product of the other dims
     spec: object  # the DTensorSpec of the sharded parameter (its gradient gets the same one)
     tp_spec: object = None  # placed by tensor parallel: its "tp" DTensorSpec ([Note: FSDP over tensor parallel])
+    dim: int = 0  # the shard dim
+
+    @property
+    def local_shape(self) -> tuple:
+        return (*self.shape[:self.dim], self.local_rows, *self.shape[self.dim + 1:])
 
     @property
     def name(self) -> str:
@@ -71,16 +82,18 @@ class ShardedParam:
 
 
 def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, placement: Placement,
-                    into: torch.Tensor | None = None) -> nn.Parameter:
-    """The nn.Parameter wrapping rank `rank`'s dim-0 block of `param` as a DTensor (on meta if `param` is), in
+                    into: torch.Tensor | None = None, dim: int = 0) -> nn.Parameter:
+    """The nn.Parameter wrapping rank `rank`'s block of `param` on `dim` (0, or shard_placement_fn's: [Note:
+    sharding on another dim] in fsdp_lab/runtime/fsdp2/shard_dim.py) as a DTensor (on meta if `param` is), in
     its placement's home ([Note: host and device] in fsdp_lab/runtime/features/offload.py): rank and world size of the
     mesh's shard dimension; on a 2-D (HSDP) mesh it is replicated over the other. `into`: the block's place in
     the group's master buffer ([Note: one master buffer]), which becomes the local tensor. A DTensor placed by
     tensor parallel: its local tensor is what is cut ([Note: FSDP over tensor parallel])."""
     data = param._local_tensor if is_tp_param(param) else param
-    rows = math.ceil(data.shape[0] / world_size)
-    start = min(rank * rows, data.shape[0])
-    local = data.detach()[start:start + rows]
+    rows = math.ceil(data.shape[dim] / world_size)
+    start = min(rank * rows, data.shape[dim])
+    local = data.detach()[start:start + rows] if dim == 0 else \
+        data.detach().narrow(dim, start, rows).contiguous()  # even: every rank holds `rows`
     if into is not None:
         local = into.view(local.shape).copy_(local)
     elif local.device.type != "meta" and placement.offloaded:  # its own storage: the original can be freed
@@ -90,7 +103,7 @@ def shard_parameter(param: nn.Parameter, mesh, rank: int, world_size: int, place
     if is_tp_param(param):
         dtensor = DTensor(local, sharded_spec(param._spec, mesh, shard_placements(mesh)[-1]), requires_grad=False)
     else:
-        dtensor = DTensor.from_local(local, mesh, shard_placements(mesh), run_check=False, shape=param.shape,
+        dtensor = DTensor.from_local(local, mesh, shard_placements(mesh, dim), run_check=False, shape=param.shape,
                                      stride=param.stride())
     return nn.Parameter(dtensor, requires_grad=param.requires_grad)
 
@@ -117,7 +130,8 @@ class ParamGroup(UnshardedViews):
     """The DTensor shards of one fully_shard group (of one requires_grad kind) and its unsharded buffer."""
 
     def __init__(self, unit_name: str, entries: list, mesh, *, requires_grad: bool, compute_dtype: torch.dtype,
-                 reduce_dtype: torch.dtype, device: torch.device, placement: Placement | None = None):
+                 reduce_dtype: torch.dtype, device: torch.device, placement: Placement | None = None,
+                 shard_dims: list[int] | None = None):
         self.unit_name, self.requires_grad = unit_name, requires_grad
         self.placement = placement or Placement(Home.DEVICE, device)
         self.compute_device = device
@@ -132,23 +146,26 @@ class ParamGroup(UnshardedViews):
                 raise ValueError(f"fully_shard: parameter '{aliases[0][2]}' is a scalar (0-dim); fsdp_lab shards "
                                  f"on dim 0, so give it shape (1,)")
         shapes = [p._local_tensor.shape if is_tp_param(p) else p.shape for p, _a in entries]  # what is cut
-        held_numels = [_local_rows(shape[0], self.rank, n) * shape[1:].numel() for shape in shapes]
+        dims = shard_dims or [0] * len(entries)  # per entry: shard_placement_fn's dim (shard_dim.py), else 0
+        row_numels = [math.prod(shape[:d]) * shape[d + 1:].numel() for shape, d in zip(shapes, dims)]
+        held_numels = [_local_rows(shape[d], self.rank, n) * row_numel
+                       for shape, d, row_numel in zip(shapes, dims, row_numels)]
         self._master = None  # [Note: one master buffer]
         if (not self.placement.offloaded and len({p.dtype for p, _a in entries}) == 1
                 and all(p.device.type != "meta" for p, _a in entries)):
             self._master = torch.empty(sum(held_numels), dtype=entries[0][0].dtype, device=device)
         pieces = _master_pieces(self._master, held_numels) if self._master is not None else [None] * len(entries)
-        for (param, aliases), piece, shape in zip(entries, pieces, shapes):
+        for (param, aliases), piece, shape, dim, row_numel in zip(entries, pieces, shapes, dims, row_numels):
             tp_spec = param._spec if is_tp_param(param) else None
-            sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece)
+            sharded = shard_parameter(param, mesh, self.rank, n, self.placement, into=piece, dim=dim)
             mark_replaced(param, aliases[0][2], "fully_shard")  # [Note: traps that train nothing] in misuse.py
             mark_sharded(sharded, unit_name, aliases[0][2])
             for module, attr, _q in aliases:
                 module._parameters[attr] = sharded
-            rows = math.ceil(shape[0] / n)
-            local_rows = sharded.to_local().shape[0]
-            slots.append(ShardedParam(tuple(aliases), shape, rows, local_rows, shape[1:].numel(), sharded._spec,
-                                      tp_spec))
+            rows = math.ceil(shape[dim] / n)
+            local_rows = sharded.to_local().shape[dim]
+            slots.append(ShardedParam(tuple(aliases), shape, rows, local_rows, row_numel, sharded._spec, tp_spec,
+                                      dim))
         self.slots: list[ShardedParam] = slots
         self._tp_picks = [i for i, s in enumerate(slots) if s.tp_spec is not None]
         self.master_dtype = entries[0][0].dtype
@@ -165,7 +182,11 @@ class ParamGroup(UnshardedViews):
                 self._send_sizes.append(held)
             if s.shard_numel > held:
                 self._send_sizes.append(s.shard_numel - held)
-        self._local_shapes = [(s.local_rows, *s.shape[1:]) for s in slots]
+        self._local_shapes = [s.local_shape for s in slots]
+        # [Note: sharding on another dim] in shard_dim.py: per parameter (pre, rest) if its dim is not 0, else None;
+        # empty when every dim is 0 or N is 1, so such a group runs the dim-0 copy-out and reduce as they are.
+        self._other_dims = [other_dim_plan(s.dim, s.shape, n) if s.dim else None for s in slots] \
+            if n > 1 and any(s.dim for s in slots) else []
         # Copy-in is one copy of the master when no padding lies between its blocks in the send buffer.
         self._master_is_send_layout = all(s.shard_numel == s.local_rows * s.row_numel for s in slots)
         picks = iter(self._send_picks)  # per parameter: (slot, local shape, its piece of the split, or None)
@@ -306,6 +327,10 @@ class ParamGroup(UnshardedViews):
         """Rank-major (N, S) → parameter-major: parameter i's N blocks land one after the other in `full`."""
         if output is full:
             return
+        if self._other_dims:  # [Note: sharding on another dim] in shard_dim.py
+            copy_out_other_dims(output, full, self._other_dims, self._shard_sizes, self._padded_sizes,
+                                self.world_size)
+            return
         torch.split_with_sizes_copy(output.view(self.world_size, -1), self._shard_sizes, dim=1,
                                     out=self._targets(full))
 
@@ -355,6 +380,8 @@ class ParamGroup(UnshardedViews):
         """Parameter-major gradient → rank-major (N, S), flattened: rank r's chunk is its blocks' gradients."""
         if self.world_size == 1:
             return grad
+        if self._other_dims:  # [Note: sharding on another dim] in shard_dim.py
+            return rank_major_other_dims(grad, self._other_dims, self._padded_sizes, self.world_size)
         n = self.world_size
         return torch.cat([part.view(n, -1) for part in torch.split(grad, self._padded_sizes)], dim=1).view(-1)
 

@@ -17,8 +17,9 @@ Parameters tp left alone (plain tensors) shard on dp as before. The tp collectiv
 the module's forward and backward on the "tp" group; fully_shard's run on the "dp" group only.
 
 Not supported, refused by name: an HSDP (2-D) fully_shard mesh under tensor parallel, a DTensor with more than
-one placement (EP+TP), CPU offload of such parameters, and reshard_after_forward=int (torch refuses the last one
-as well: "Resharding to smaller mesh is not supported for DTensor parameters yet").
+one placement (EP+TP), CPU offload of such parameters, a shard_placement_fn dim other than 0 for them
+(fsdp_lab/runtime/fsdp2/shard_dim.py), and reshard_after_forward=int (torch refuses the last one as well:
+"Resharding to smaller mesh is not supported for DTensor parameters yet").
 """
 from __future__ import annotations
 
