@@ -304,10 +304,50 @@ def zero1_fused(rank, world_size) -> str:
     return detail
 
 
+def collective_log_names_a_skipped_forward(rank, world_size) -> str:
+    """With CUDA tensors on the side streams (a collective issued ahead is WAITED while the host waits), rank 0
+    runs a forward its peers skip: the collective log names it and their last collective. It runs on a group of
+    its own with a 3 s timeout, so the hang costs seconds and the other checks keep the default group."""
+    from datetime import timedelta
+
+    from fsdp_lab.runtime.core import collective_log
+    from fsdp_lab.runtime.core.collectives import CollectiveFailed
+
+    device = _device(rank)
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=3))
+    store, released = dist.distributed_c10d._get_default_store(), "gpu_checks/collective_log/released"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = FSDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), process_group=group,
+                     auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    x = torch.ones(8, 64, device=device)
+    model(x).sum().backward()
+    if rank != 0:  # done, and alive: post, then wait (with a deadline) until rank 0 has its report
+        collective_log.post_all("finished")
+        store.wait([released], timedelta(seconds=60))
+        return "skipped the forward (rank 0 reports)"
+    t0 = time.monotonic()
+    try:
+        model(x)
+        message = None
+    except CollectiveFailed as err:
+        message = err.collective_log
+    finally:
+        store.set(released, b"1")
+    took = time.monotonic() - t0
+    want = "rank 0 waits in all_gather"
+    detail = f"{message!r} after {took:.1f} s on {device.type} tensors"
+    assert message and message.startswith(want) and "which rank 1 never entered" in message, detail
+    assert took < 3 + 5, detail
+    return detail
+
+
 WORLD1_CHECKS = {"parity_bf16": parity_bf16, "parity_fp32": parity_fp32, "memory_released": memory_released,
                  "overlap": overlap, "no_host_sync": no_host_sync,
                  "resume_fused_adamw": resume_fused_adamw, "zero1_fused": zero1_fused}
-MULTI_RANK_CHECKS = ["parity_bf16", "zero1_fused"]  # two gloo ranks sharing one GPU
+CHECKS = {**WORLD1_CHECKS, "collective_log_names_a_skipped_forward": collective_log_names_a_skipped_forward}
+# two gloo ranks sharing one GPU (NCCL refuses two ranks on one device)
+MULTI_RANK_CHECKS = ["parity_bf16", "zero1_fused", "collective_log_names_a_skipped_forward"]
 
 
 def run_checks(rank: int, world_size: int, names: list[str]) -> list[dict]:
@@ -316,7 +356,7 @@ def run_checks(rank: int, world_size: int, names: list[str]) -> list[dict]:
     for name in names:
         start = time.perf_counter()
         try:
-            detail, ok = WORLD1_CHECKS[name](rank, world_size), True
+            detail, ok = CHECKS[name](rank, world_size), True
         except Exception as exc:  # report and go on to the next check
             ok = False
             detail = f"{type(exc).__name__}: {exc}" if isinstance(exc, AssertionError) else \
