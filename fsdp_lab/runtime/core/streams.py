@@ -83,10 +83,11 @@ from fsdp_lab.runtime.core.strategy import ShardingStrategy
 _NOTHING = contextlib.nullcontext()  # stateless and reentrant: one serves every block that needs no context
 
 
-def label(name: str):
-    """A profiler range (visible in torch.profiler / Perfetto traces), free when no profiler is running."""
+def label(*parts: str):
+    """A profiler range named by `parts` joined (visible in torch.profiler / Perfetto traces), free when no
+    profiler is running: the name is only built then, since a hook calls this for every unit every step."""
     if _autograd_profiler._is_profiler_enabled:
-        return torch.profiler.record_function(name)
+        return torch.profiler.record_function("".join(parts))
     return _NOTHING
 
 
