@@ -30,7 +30,7 @@ import torch
 
 from fsdp_lab.runtime.core.collectives import all_reduce_sum, reduce_scatter_sum
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
-from fsdp_lab.runtime.core.streams import label
+from fsdp_lab.runtime.core.streams import GradOff, label
 
 EXACT_SUM_DTYPES = (torch.float32, torch.bfloat16)  # torch lets the collective divide these
 
@@ -103,7 +103,7 @@ def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str, options: Op
                        flat.reduce_dtype, opts.divide_factor, opts.force_sum)
     calls = []
     stored = True
-    with label("fsdp_lab::reduce ", unit_name), torch.no_grad(), streams.side("reduce"):
+    with label("fsdp_lab::reduce ", unit_name), GradOff(), streams.side("reduce"):
         send = flat.reduce_input(grad) if scatter else grad
         if send.dtype != flat.reduce_dtype:
             send = send.to(flat.reduce_dtype)
