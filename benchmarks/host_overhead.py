@@ -15,7 +15,13 @@ the order rotating every cycle); per round and setup the median step time is tak
 median divided by plain training's median *in the same round*, so a change of machine load between rounds
 cancels out; reported is the median over rounds of that per-round ratio, with wall time (the bar's measure) and,
 as a cross-check, the thread's CPU time, which other processes on a shared machine disturb less. The bar: at
-most BAR (1.2) for each fsdp_lab front end. With `--baseline REV` a second worker imports fsdp_lab from that
+most BAR (1.2) for each fsdp_lab front end.
+
+[Note: the host addition against torch's] When torch's fsdp2 is among the setups, each front end's host addition
+(its step time minus plain's) is also reported as a fraction of fsdp2's addition, per round and then the median
+over rounds, like the ratio: (ours - plain) / (fsdp2 - plain). It says how much of the host work torch's
+fully_shard adds over plain training ours adds, whatever plain itself costs on the machine. The bar
+ADDITION_BAR (0.25) holds for fully_shard's fraction. With `--baseline REV` a second worker imports fsdp_lab from that
 commit (`git archive`) and runs its rounds alternating with the first's, so "before" and "after" come from one
 run.
 
@@ -39,6 +45,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BAR = 1.2
+ADDITION_BAR = 0.25  # fully_shard's host addition / torch fsdp2's ([Note: the host addition against torch's])
+ADDITION_BARRED = ("fsdp_lab_fully_shard",)
 FRONT_ENDS = ("fsdp_lab", "fsdp_lab_fully_shard")
 
 
@@ -117,6 +125,15 @@ def summarize(per_round: dict, setups: list[str], version: str) -> dict:
                      "optimizer_ms": round(1e3 * statistics.median(r["optimizer"] for r in rows), 2),
                      "floor_ratio_vs_plain": round(floor, 3),
                      "per_round_ratios": [round(r["wall"] / p["wall"], 3) for r, p in zip(rows, plain)]}
+    if "fsdp2" in setups:  # [Note: the host addition against torch's]
+        theirs = per_round[(version, "fsdp2")]
+        for mode in setups:
+            if mode in FRONT_ENDS:
+                fractions = {k: [(r[k] - p[k]) / (t[k] - p[k]) for r, t, p in
+                                 zip(per_round[(version, mode)], theirs, plain)] for k in ("wall", "cpu")}
+                out[mode]["addition_vs_fsdp2"] = round(statistics.median(fractions["wall"]), 3)
+                out[mode]["cpu_addition_vs_fsdp2"] = round(statistics.median(fractions["cpu"]), 3)
+                out[mode]["per_round_additions_vs_fsdp2"] = [round(f, 3) for f in fractions["wall"]]
     return out
 
 
@@ -158,11 +175,16 @@ def main(argv=None) -> int:
               "rounds": args.rounds, "steps_per_round": args.steps, "torch": workers["new"][1],
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
               "load_average_1min": round(os.getloadavg()[0], 2), "bar": BAR,
+              "addition_bar": {"fraction_of_fsdp2_addition_at_most": ADDITION_BAR, "setups": list(ADDITION_BARRED),
+                               "what": "(setup - plain) / (fsdp2 - plain) step time, median over rounds"},
               "this_checkout": summarize(per_round, args.setup, "new")}
     if args.baseline:
         result["baseline"] = {"revision": args.baseline, **summarize(per_round, args.setup, "baseline")}
     result["bars"] = {mode: result["this_checkout"][mode]["ratio_vs_plain"] <= BAR
                       for mode in args.setup if mode in FRONT_ENDS}
+    if "fsdp2" in args.setup:
+        result["addition_bars"] = {mode: result["this_checkout"][mode]["addition_vs_fsdp2"] <= ADDITION_BAR
+                                   for mode in args.setup if mode in ADDITION_BARRED}
     for mode in args.setup:
         row = result["this_checkout"][mode]
         verdict = ("holds" if row["ratio_vs_plain"] <= BAR else "MISSED") if mode in FRONT_ENDS else "no bar"
@@ -171,8 +193,17 @@ def main(argv=None) -> int:
               f"x{row['cpu_ratio_vs_plain']:.3f}){base}  bar <= {BAR}: {verdict}", file=sys.stderr)
         print(f"{'':<22} optimizer step + zero_grad {row['optimizer_ms']:.2f} ms: with free hooks the ratio would "
               f"be x{row['floor_ratio_vs_plain']:.3f}", file=sys.stderr)
+    for mode in (m for m in args.setup if m in FRONT_ENDS and "fsdp2" in args.setup):
+        row = result["this_checkout"][mode]
+        bar = (f"  bar <= {ADDITION_BAR}: {'holds' if row['addition_vs_fsdp2'] <= ADDITION_BAR else 'MISSED'}"
+               if mode in ADDITION_BARRED else "  no bar")
+        base = (f", at {args.baseline}: {result['baseline'][mode]['addition_vs_fsdp2']:.3f}"
+                if args.baseline else "")
+        print(f"{mode:<22} host addition {row['addition_vs_fsdp2']:.3f} of fsdp2's (CPU time "
+              f"{row['cpu_addition_vs_fsdp2']:.3f}){base}{bar}", file=sys.stderr)
     print(f"{'plain':<22} {result['this_checkout']['plain_step_ms']:7.2f} ms, optimizer step + zero_grad "
           f"{result['this_checkout']['plain_optimizer_ms']:.2f} ms", file=sys.stderr)
+    print(f"load average (1 min) at the end: {result['load_average_1min']}", file=sys.stderr)
     print(json.dumps(result))
     return 0
 

@@ -27,6 +27,7 @@ divided once, the most exact order.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,20 @@ class Collective:
     world_size: int
     group: str = "shard"  # "shard" | "replicate" ([Note: hybrid sharding] in fsdp_lab/runtime/features/hybrid.py)
     ranks: tuple = ()  # the group's global ranks
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_collective(*fields) -> Collective:
+    return Collective(*fields)
+
+
+def collective(kind: str, numel: int, dtype: torch.dtype, world_size: int, group: tuple) -> Collective:
+    """Collective(kind, numel, dtype, world_size, *group), one frozen instance per distinct value: a gather and a
+    reduce of every unit make the same one every step."""
+    try:
+        return _cached_collective(kind, numel, dtype, world_size, *group)
+    except TypeError:  # a group's ranks given as a list: not hashable, so not cached
+        return Collective(kind, numel, dtype, world_size, *group)
 
 
 class CollectiveFailed(getattr(dist, "DistError", RuntimeError)):
@@ -158,7 +173,7 @@ def start_all_gather_flat(output: torch.Tensor, shard: torch.Tensor, pg, world_s
     if output.numel() != shard.numel() * world_size:
         raise ValueError(f"all-gather output has {output.numel()} elements, expected "
                          f"{shard.numel()} x {world_size} = {shard.numel() * world_size}")
-    call = Collective("all_gather", output.numel(), output.dtype, world_size, *group)
+    call = collective("all_gather", output.numel(), output.dtype, world_size, group)
     if world_size == 1:
         if shard.data_ptr() != output.data_ptr() or shard.dtype != output.dtype:
             output.copy_(shard)  # copy_ casts as it copies
@@ -188,7 +203,7 @@ def reduce_scatter_sum(send: torch.Tensor, pg, world_size: int, unit: str = "", 
                        comm=None, phase: str = "backward") -> tuple[Collective, torch.Tensor]:
     """This rank's chunk of the sum over ranks of every rank's `send` (N·chunk elements, already in the reduce
     dtype). At world size 1 the chunk is `send` itself. `comm`: [Note: custom collectives]."""
-    call = Collective("reduce_scatter", send.numel(), send.dtype, world_size, *group)
+    call = collective("reduce_scatter", send.numel(), send.dtype, world_size, group)
     if world_size == 1:
         return call, send
     shape, kw = (send.numel() // world_size,), {"dtype": send.dtype, "device": send.device}

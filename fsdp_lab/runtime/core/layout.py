@@ -116,14 +116,17 @@ class UnshardedViews:
         key = (id(full), full.untyped_storage()._cdata, full._version, full.dtype, full.requires_grad)
         cache = self._views_cache
         if not reuse or cache is None or cache[0] != key:
-            with torch.inference_mode(False), torch.enable_grad():
-                cache = self._views_cache = (key, self.views())
+            if torch.is_grad_enabled() and not torch.is_inference_mode_enabled():  # the usual forward: no modes
+                cache = self._views_cache = (key, self.views())                    # to enter
+            else:
+                with torch.inference_mode(False), torch.enable_grad():
+                    cache = self._views_cache = (key, self.views())
         return cache[1]
 
     def _split_views(self, sizes: list, picks: list, shapes: list) -> list[torch.Tensor]:
         """The views of `full` a layout's views() returns: split by `sizes`, piece picks[i] viewed as shapes[i]."""
         parts = torch.split_with_sizes(self.full, sizes)
-        return [parts[i].view(shape) for i, shape in zip(picks, shapes)]
+        return [parts[i].view(*shape) if shape else parts[i].view(shape) for i, shape in zip(picks, shapes)]
 
     def install_views(self, reuse: bool = False) -> None:
         """Point every original attribute at its view of `full`; while freed, at an empty placeholder.

@@ -96,8 +96,16 @@ def cast_floating(tree, dtype: torch.dtype):
         return cast(tree)
     if type(tree) is dict and not tree:
         return tree
-    if type(tree) is tuple and all(isinstance(a, _PLAIN_LEAVES) for a in tree):
-        return tuple(cast(a) for a in tree)
+    if type(tree) is tuple:  # the same tuple back when nothing needs a cast (the blocks after the first)
+        out, changed = [], False
+        for a in tree:
+            if isinstance(a, torch.Tensor):
+                if a.dtype != dtype and a.is_floating_point():
+                    a, changed = a.to(dtype), True
+            elif not isinstance(a, _PLAIN_LEAVES):
+                return tree_map(cast, tree)
+            out.append(a)
+        return tuple(out) if changed else tree
     return tree_map(cast, tree)
 
 

@@ -22,6 +22,7 @@ divides by it again after the hook, and so does this.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -29,7 +30,7 @@ import torch
 
 from fsdp_lab.runtime.core.collectives import all_reduce_sum, reduce_scatter_sum
 from fsdp_lab.runtime.core.strategy import ShardingStrategy
-from fsdp_lab.runtime.core.streams import label
+from fsdp_lab.runtime.core.streams import GradOff, label
 
 EXACT_SUM_DTYPES = (torch.float32, torch.bfloat16)  # torch lets the collective divide these
 
@@ -60,6 +61,7 @@ class DividePlan:
     post: float = 1.0
 
 
+@functools.lru_cache(maxsize=64)  # the same few arguments every step, every unit: work them out once
 def divide_plan(shard_size: int, replicate_size: int, dtype: torch.dtype, factor: Optional[float] = None,
                 force_sum: bool = False) -> DividePlan:
     """torch 2.13 FSDP2's division of a gradient over `shard_size` × `replicate_size` ranks."""
@@ -101,7 +103,7 @@ def reduce_flat_param(ctx, flat, grad: torch.Tensor, unit_name: str, options: Op
                        flat.reduce_dtype, opts.divide_factor, opts.force_sum)
     calls = []
     stored = True
-    with label(f"fsdp_lab::reduce {unit_name}"), torch.no_grad(), streams.side("reduce"):
+    with label("fsdp_lab::reduce ", unit_name), GradOff(), streams.side("reduce"):
         send = flat.reduce_input(grad) if scatter else grad
         if send.dtype != flat.reduce_dtype:
             send = send.to(flat.reduce_dtype)

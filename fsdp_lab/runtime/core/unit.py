@@ -38,6 +38,10 @@ from fsdp_lab.runtime.core.streams import gather_flat_param, label
 
 
 class UnitState(enum.Enum):
+    # Every transition looks up (state, event) in _TRANSITIONS: hash by identity (C), not Enum's Python-level
+    # hash of the name. Members are singletons, so equal states are the same object either way.
+    __hash__ = object.__hash__
+
     SHARDED = "SHARDED"
     """Only this rank's shard is live; the unsharded buffer has 0 bytes (or, for replicated strategies, must be
     refreshed from the masters before the next compute)."""
@@ -59,6 +63,9 @@ _TRANSITIONS = {
     (UnitState.SHARDED_POST_FORWARD, "free"): UnitState.SHARDED,
 }
 _GATHERABLE = (UnitState.SHARDED, UnitState.SHARDED_POST_FORWARD)
+# A gather's trace events and profiler label, by whether it is backward's re-gather: named once, not per call.
+_GATHER_NAMES = {False: ("gather", "gather_start", "gather_end", "fsdp_lab::gather "),
+                 True: ("regather", "regather_start", "regather_end", "fsdp_lab::regather ")}
 
 
 class _InputsGradReady(torch.autograd.Function):
@@ -99,6 +106,9 @@ class Unit:
         self._ever_gathered = False  # torch reduces an unused unit's zeros only once it has been unsharded
         self.post_forward_group = None  # reshard_after_forward=int: the PostForwardGroup to reshard to
         self._held_group = None  # the group whose shards this unit holds (state SHARDED_POST_FORWARD)
+        # A unit's flats and their requires_grad are fixed when it is made; the hooks read these every step.
+        self._trainable = [g for g in flats if g.requires_grad]
+        self._frozen = [g for g in flats if not g.requires_grad]
         for flat in self.trainable_flats:
             flat.full.register_post_accumulate_grad_hook(lambda full, g=flat: self._on_grad_ready(g))
         for flat in flats:
@@ -111,11 +121,11 @@ class Unit:
 
     @property
     def trainable_flats(self):
-        return [g for g in self.flats if g.requires_grad]
+        return self._trainable
 
     @property
     def frozen_flats(self):
-        return [g for g in self.flats if not g.requires_grad]
+        return self._frozen
 
     def full_storage_sizes(self) -> list[int]:
         """Bytes of storage behind each flat's unsharded buffer: 0 once freed."""
@@ -140,17 +150,18 @@ class Unit:
         group, self._held_group = self._held_group, None  # set: re-gather within it, from the kept shards
         self._transition("gather")
         self._ever_gathered = True
-        event = "regather" if phase == "backward" else "gather"
+        names = _GATHER_NAMES[phase == "backward"]
         extra = {} if group is None else {"group": "post_forward", "group_ranks": list(group.ranks)}
-        self.ctx.emit(f"{event}_start", self.name, phase, prefetch=not wait, **extra)
+        ctx = self.ctx
+        ctx.emit(names[1], self.name, phase, prefetch=not wait, **extra)
         calls = []
-        with label(f"fsdp_lab::{event} {self.name}"):
+        with label(names[3], self.name):
             for flat in self.flats:
-                gathered, comm = gather_flat_param(self.ctx, flat, group, ahead=not wait, phase=phase)
+                gathered, comm = gather_flat_param(ctx, flat, group, ahead=not wait, phase=phase)
                 self._pending.append(gathered)
                 if comm is not None:
                     calls.append(comm)
-        self._gather_comm = (event, phase, tuple(calls), extra)
+        self._gather_comm = (names, phase, tuple(calls), extra)
         if wait:
             self.wait_gathered()
 
@@ -161,8 +172,8 @@ class Unit:
             self.ctx.streams.compute_waits(event)
         self._pending.clear()
         self._transition("gathered")
-        event, phase, calls, extra = self._gather_comm
-        self.ctx.emit(f"{event}_end", self.name, phase, calls, **extra)
+        names, phase, calls, extra = self._gather_comm
+        self.ctx.emit(names[2], self.name, phase, calls, **extra)
 
     def ensure_unsharded(self, phase: str) -> None:
         if self.state in _GATHERABLE:

@@ -172,6 +172,7 @@ class ParamGroup(UnshardedViews):
         self.shard_numel = sum(s.shard_numel for s in slots)  # S
         self._padded_sizes = [n * s.shard_numel for s in slots]
         self._held = [s for s in slots if s.local_rows]  # the parameters with rows on this rank
+        self._held_keys = [(s.aliases[0][0]._parameters, s.aliases[0][1]) for s in self._held]  # registered()'s
         self._tied = [s for s in slots if len(s.aliases) > 1]
         # The send buffer cut into (held rows, padding) per parameter; picks: the pieces that take a parameter.
         self._send_sizes, self._send_picks = [], []
@@ -194,6 +195,7 @@ class ParamGroup(UnshardedViews):
                            for s, shape in zip(slots, self._local_shapes)]
         self._shard_sizes = [s.shard_numel for s in slots]
         self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
+        self._send_templates = None  # store_shard_grad's: meta tensors shaped as the send buffer's pieces
         # The sources as made, views of the master: while _sources() still returns this list, nothing replaced them
         self._master_sources = self._sources() if self._master is not None else None
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
@@ -282,13 +284,14 @@ class ParamGroup(UnshardedViews):
     # stay valid across frees: the same storage is resized to 0 and back in place.
     # The local tensors are read directly: to_local() is an autograd op, and no gradient flows through a copy-in.
     def _sources(self) -> list[torch.Tensor]:
-        tensors = [slot.registered()._local_tensor for slot in self._held]
-        cache = self._sources_cache
-        if cache is not None and all(t is c and t.data_ptr() == f.data_ptr()
-                                     for t, c, f in zip(tensors, cache[0], cache[1])):
+        tensors = [params[attr]._local_tensor for params, attr in self._held_keys]
+        cache = self._sources_cache  # (tensors, their flat views, their ids, their data pointers then)
+        if cache is not None and list(map(id, tensors)) == cache[2] and \
+                list(map(torch.Tensor.data_ptr, tensors)) == cache[3]:  # ids: the cache keeps them alive
             return cache[1]
         flat = [t.reshape(-1) for t in tensors]
-        self._sources_cache = (tensors, flat) if all(t.is_contiguous() for t in tensors) else None
+        self._sources_cache = (tensors, flat, list(map(id, tensors)), list(map(torch.Tensor.data_ptr, tensors))) \
+            if all(t.is_contiguous() for t in tensors) else None
         return flat
 
     def _targets(self, full_data: torch.Tensor) -> list[torch.Tensor]:
@@ -364,7 +367,7 @@ class ParamGroup(UnshardedViews):
                 sizes.append(slot.numel)
                 if padded > slot.numel:
                     sizes.append(padded - slot.numel)
-            self._view_plan = (sizes, picks, [s.shape for s in self.slots])
+            self._view_plan = (sizes, picks, [tuple(s.shape) for s in self.slots])  # a tuple views faster
         views = self._split_views(*self._view_plan)
         for i in self._tp_picks:  # [Note: FSDP over tensor parallel] in tensor_parallel.py
             views[i] = as_tp(views[i], self.slots[i].tp_spec)
@@ -392,9 +395,14 @@ class ParamGroup(UnshardedViews):
             out = self.placement.to_home(out)
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
-        parts = torch.split(out, self._send_sizes)  # the send buffer's layout: (held rows, padding) per parameter
+        if self._send_templates is None:  # the send buffer's layout: (held rows, padding) per parameter
+            shapes = {pick: shape for _slot, shape, pick in self._grad_plan if pick is not None}
+            self._send_templates = [torch.empty(shapes.get(i, (size,)), device="meta")
+                                    for i, size in enumerate(self._send_sizes)]
+        # Every piece cut and shaped in one call (a narrow and a view each, in C++): no autograd runs here.
+        parts = torch._C._nn.unflatten_dense_tensors(out, self._send_templates)
         for slot, shape, pick in self._grad_plan:
-            local = parts[pick].view(shape) if pick is not None else out[:0].view(shape)
+            local = parts[pick] if pick is not None else out[:0].view(shape)
             module, attr, _name = slot.aliases[0]
             param = module._parameters[attr]
             if not param.requires_grad:  # frozen after fully_shard ([Note: requires_grad after fully_shard])
