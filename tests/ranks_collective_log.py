@@ -61,7 +61,7 @@ def _failing(fn) -> dict:
 def _idle() -> dict:
     """A rank that is done and stays alive: it posts, then waits (with a deadline) for the failing rank's report."""
     collective_log.post_all("finished")
-    dist.distributed_c10d._get_default_store().wait([RELEASED], timedelta(seconds=30))
+    dist.distributed_c10d._get_default_store().wait([RELEASED], timedelta(seconds=60))
     return {"message": None, "seconds": 0.0, "text": "", "pid": os.getpid()}
 
 

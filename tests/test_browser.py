@@ -349,7 +349,7 @@ def _written(solved: str) -> str:
                      if not line.strip().startswith(sc.STUB) and line.strip() not in (sc.BEGIN, sc.END))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)  # a guard against a hang: every wait inside has its own deadline; idle it takes ~4 min
 def test_learner_copies_show_every_stub_and_each_check_says_not_written_yet(learner_lab):
     """The copies `fsdp-lab lab` writes, opened in Chromium: no solution line is on any page, every exercise cell
     shows its stub, and the Your turn section runs as a learner runs it: each exercise's stub first (its check

@@ -16,7 +16,7 @@ from fsdp_lab.runtime.core import collective_log
 from fsdp_lab.runtime.core.collective_log import CollectiveLog
 from fsdp_lab.training.launch import run_on_ranks
 
-GROUP_TIMEOUT_S = 3.0
+GROUP_TIMEOUT_S = 10.0  # the live ranks' default; 3 s let a collective of a starved rank time out under load
 FRONT_ENDS = ("FSDP", "fully_shard")
 
 

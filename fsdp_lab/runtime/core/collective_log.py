@@ -38,9 +38,13 @@ SEQ, OP, UNIT, PHASE, SHAPE, DTYPE, NUMEL, STATE, T_ISSUED = range(9)
 # through the rendezvous store (the default group's c10d store, which is a TCP connection of its own). A rank posts
 # when its collective fails ("failed"), when it leaves a run or a cell ("finished"), or when it raises ("raised"):
 # a peer that is idle, finished or dead is then named by what it posted last. The failing rank waits at most
-# REPORT_WAIT_S for every peer of the group to post; a peer that never does is named as silent. Store calls get
-# their own short timeout, so a store that is gone (its host rank died) costs seconds, never a hang.
+# REPORT_WAIT_S for every peer of the group to post, and up to SILENT_PEER_WAIT_S while a peer has posted nothing
+# at all: such a peer is most likely stuck in a collective of its own and fails after its own timeout, which on a
+# loaded machine may end seconds after ours (it entered later, or was not scheduled). A peer that never posts is
+# named as silent. Store calls get their own short timeout, so a store that is gone (its host rank died) costs
+# seconds, never a hang.
 REPORT_WAIT_S = 2.0
+SILENT_PEER_WAIT_S = 4.0
 STORE_TIMEOUT_S = 2.0
 KEY = "fsdp_lab/collective_log/{group}/{rank}"
 
@@ -137,13 +141,15 @@ def post_all(status: str, error: str = "") -> None:
             post(log, status, error, store)
 
 
-def gather(log: CollectiveLog, wait_s: float = REPORT_WAIT_S, store=None) -> dict:
+def gather(log: CollectiveLog, wait_s: float = REPORT_WAIT_S, store=None,
+           silent_wait_s: float = SILENT_PEER_WAIT_S) -> dict:
     """Every peer's last post for `log`'s group {rank: snapshot or None}. Reads until every peer has posted a
-    failure of its own or `wait_s` has passed: a peer whose last post says "finished" may be stuck since (a cell
-    later) and will post its failure shortly."""
+    failure of its own or `wait_s` has passed (`silent_wait_s` while a peer has posted nothing yet: [Note:
+    reporting through the store]): a peer whose last post says "finished" may be stuck since (a cell later) and
+    will post its failure shortly."""
     store = store or _store()
     found: dict = {}
-    deadline = time.monotonic() + wait_s
+    began = time.monotonic()
     while True:
         for rank in log.ranks:
             if rank == log.rank or (found.get(rank) or {}).get("status") in ("failed", "raised"):
@@ -155,8 +161,10 @@ def gather(log: CollectiveLog, wait_s: float = REPORT_WAIT_S, store=None) -> dic
             except (RuntimeError, OSError, ValueError, pickle.UnpicklingError):
                 pass
             found.setdefault(rank, None)
-        settled = all((found.get(r) or {}).get("status") in ("failed", "raised") for r in log.ranks if r != log.rank)
-        if settled or store is None or time.monotonic() > deadline:
+        peers = [found.get(r) for r in log.ranks if r != log.rank]
+        settled = all((p or {}).get("status") in ("failed", "raised") for p in peers)
+        waited = time.monotonic() - began
+        if settled or store is None or waited > max(wait_s, silent_wait_s if None in peers else 0.0):
             return found
         time.sleep(0.05)
 
