@@ -201,6 +201,7 @@ def test_lab_on_all_interfaces_keeps_the_token_and_warns(capsys, cwd_with_notebo
     assert {"--ip=0.0.0.0", "--port=9999", "--no-browser"} <= set(argv)
     _assert_token_not_disabled(argv)
     assert "reachable from the network" in err and "token" in err and "required" in err
+    assert "the URL this command prints" in err and "Jupyter prints" not in err  # Jupyter masks the token
 
 
 def test_lab_rejects_a_bad_port(capsys, cwd_with_notebooks):

@@ -255,7 +255,7 @@ def network_warning(ip: str) -> str | None:
     if ip in _LOOPBACK:
         return None
     return (f"warning: --ip {ip} makes the server reachable from the network; token auth stays on and the "
-            f"token (in the URL Jupyter prints) is required to connect.")
+            f"token (in the URL this command prints once the server is up) is required to connect.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
