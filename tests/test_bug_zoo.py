@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from ranks_bug_zoo import zoo
+from ranks_bug_zoo import WRONG_ANSWERS, zoo
 
-from fsdp_lab.lessons.zoo import ENTRIES, cite
+from fsdp_lab.lessons.zoo import ENTRIES, checks, cite
 from fsdp_lab.lessons.zoo.common import HANG_TIMEOUT_S
 from fsdp_lab.lessons.zoo.memory import FULL_BYTES
 from fsdp_lab.training.launch import run_on_ranks
@@ -80,7 +80,6 @@ def test_a_norm_of_local_shards_differs_by_rank_and_from_one_process(ranks):
     assert local0 != pytest.approx(local1) and local0 < ref and local1 < ref
     assert local0 ** 2 + local1 ** 2 == pytest.approx(ref ** 2, rel=1e-5)  # the shards' squares add up
     ok_on_both(ranks, "norm_fixed")
-    assert all(r["norm_wrong"].startswith("not yet: ") for r in ranks)
 
 
 def test_a_summed_loss_gives_gradients_rows_times_columns_too_large(ranks):
@@ -157,19 +156,37 @@ def test_frozen_and_trainable_in_one_flat_unit_is_refused_by_torch_and_split_in_
     ok_on_both(ranks, "lora_fixed_units")
 
 
-WRONG = {  # the words each check's "not yet" must say, on every rank unless a rank is named
-    "uneven": "the epoch still hangs: rank 0 waits in all_gather",
+WRONG = {  # the words each check's "not yet" must say to each wrong answer: on every rank, or {rank: words}
+    "uneven": {0: "the epoch still hangs: rank 0 waits in all_gather #14", 1: "different numbers of steps [0, 2]"},
+    "uneven_padded": "batches that are not from the rank's data (rank 1: [2]): a padded batch is trained on like data",
+    "save": {0: "the save still hangs: rank 0 waits in all_gather #2", 1: "rank 0: the save still hangs"},
+    "save_module": {0: "the save still hangs: rank 0 waits in all_gather #2", 1: "rank 0: the save still hangs"},
+    "save_sharded": "rank 0 got DTensors (0.weight, 0.bias, 2.weight, 2.bias): each rank's own shards",
     "moe": "the step still hangs",
-    "norm": "a norm of this rank's shards only?",
-    "sum": "FSDP's gradients are 16 times one process's",
+    "moe_dummy": "the ranks first differ at #7: rank 0 reduce_scatter #7 (experts.1, backward), rank 1 all_gather",
+    "moe_dense": "no hang, but the loss",
+    "norm": "and the ranks disagree (0.321768, 0.735388): a norm of this rank's shards only?",
+    "norm_summed": "the sum of the ranks' shard norms 0.321768 + 0.735388; one process 0.802702: norms do not add",
+    "sum": "FSDP's gradients are 16 times one process's: a sum over this rank's 16 elements",
+    "sum_world": "FSDP's gradients are 0.5 times one process's: FSDP already divides the ranks' sum by the 2 ranks",
     "init": "the full parameters are no rank's model",
+    "init_broadcast": "every rank holds the same shard, rank 0's, copied after FSDP had sharded the parameters",
     "opt": "the optimizer holds 4 parameter(s) that FSDP replaced",
+    "opt_fresh": "the optimizer holds 0 of the wrapped model's 2 parameter(s) and 4 tensor(s) it does not use",
     "buffer": "the step buffer reads 256 after 4 forwards from 256, not 260",
     "buffer_fp32": "keep the compute in bfloat16",
     "sampler": "the sampler was never told the epoch",
+    "sampler_seeded": "the sampler was never told the epoch (set_epoch)",
+    "sampler_once": "the sampler was told epoch(s) [0] for 2 epochs",
+    "sd": {0: "not on rank(s) [1]; rank 1: rank 1 holds", 1: f"rank 1 holds {FULL:,} B; want 0 B: the whole model"},
+    "sd_sharded": {0: f"rank 0 holds {FULL // 2:,} B; want {FULL:,} B: 1/2 of the model, this rank's own shards",
+                   1: f"rank 1 holds {FULL // 2:,} B; want 0 B: 1/2 of the model"},
     "nosync": "as many as no_sync's",
+    "nosync_last": "after the last micro-batch the parameters have no gradient: no backward ran outside no_sync",
     "root": "no lower than the root-only",
+    "root_size": "one FSDP unit, so the forward gathers the whole model at once",
     "gen": "generate() raises RuntimeError",
+    "gen_reshard": "it reads the root's parameters still sharded (DTensor)",
     "tied": "torch's FSDP1: after one step head.weight - embed.weight is",
     "tied_untie": "the weight is no longer tied",
     "tied_root": "one unit, the whole model gathered at once",
@@ -178,17 +195,40 @@ WRONG = {  # the words each check's "not yet" must say, on every rank unless a r
 }
 
 
+def _fingerprint(answer) -> tuple:
+    """What a wrong answer does, as its code: bytecode, names and constants (nested code by its own fingerprint,
+    the docstring left out), so the same function passed twice, or a copy of it under another name, is one."""
+    def of(code):
+        consts = tuple(of(c) if hasattr(c, "co_code") else c for c in code.co_consts if c != answer.__doc__)
+        return code.co_code, code.co_names, consts
+    return of(answer.__code__)
+
+
+def test_every_check_is_tested_against_at_least_two_different_wrong_answers():
+    zoo_checks = {name for name, fn in vars(checks).items()
+                  if callable(fn) and hasattr(fn, "__wrapped__") and fn.__module__ == checks.__name__}
+    assert len(zoo_checks) >= len(ENTRIES) and set(WRONG_ANSWERS) == zoo_checks, \
+        sorted(zoo_checks ^ set(WRONG_ANSWERS))
+    for name, answers in WRONG_ANSWERS.items():
+        prints = [_fingerprint(answer) for answer in answers.values()]
+        assert len(answers) >= 2 and len(set(prints)) == len(prints), (name, list(answers))
+    labels = [label for answers in WRONG_ANSWERS.values() for label in answers]
+    assert len(labels) == len(set(labels)) and set(labels) == set(WRONG), sorted(set(labels) ^ set(WRONG))
+
+
 @pytest.mark.parametrize("answer", sorted(WRONG))
-def test_each_check_refuses_the_wrong_answer_learners_give(ranks, answer):
+def test_each_check_refuses_the_wrong_answers_learners_give(ranks, answer):
     for rank, out in enumerate(ranks):
         said = out["wrong"][answer]
         assert said.startswith("not yet: ") and "not written yet" not in said, (rank, said)
-        if answer not in ("uneven",) or rank == 0:  # in the uneven epoch only rank 0 waits
-            assert WRONG[answer] in said, (rank, said)
+        words = WRONG[answer] if isinstance(WRONG[answer], str) else WRONG[answer][rank]
+        assert words in said, (rank, said)
 
 
 def test_the_save_and_state_dict_checks_name_the_rank_that_is_wrong(ranks):
     assert ranks[0]["wrong"]["save"].startswith("not yet: the save still hangs: rank 0 waits in all_gather #2")
-    assert ranks[1]["wrong"]["save"].startswith("not yet: ")  # rank 1 saw no hang, but rank 0 did
-    assert ranks[1]["wrong"]["sd"] == f"not yet: rank 1 holds {FULL:,} B; want 0 B"
+    assert ranks[1]["wrong"]["save"].startswith("not yet: ")  # rank 1 saw no hang, but rank 0 did, and it says so
+    assert ranks[1]["wrong"]["save"].endswith(ranks[0]["wrong"]["save"][len("not yet: "):])
+    assert ranks[1]["wrong"]["sd"] == f"not yet: rank 1 holds {FULL:,} B; want 0 B: the whole model, which only " \
+                                      f"rank 0 should keep"
     assert ranks[0]["wrong"]["sd"].startswith("not yet: ") and "not on rank(s) [1]" in ranks[0]["wrong"]["sd"]

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from fsdp_lab.lessons.live.verdict import Verdict, not_written, unwritten
 from fsdp_lab.lessons.zoo import hangs, memory, numbers, units
 from fsdp_lab.lessons.zoo.common import gathered
+from fsdp_lab.runtime.fsdp1.api import FSDP
 
 
 def _run(name: str, fn: Callable, *args):
@@ -30,18 +31,27 @@ def _run(name: str, fn: Callable, *args):
 def agreed(check: Callable) -> Callable:
     """A check whose Verdict is ok only if it is ok on every rank (the ranks that are not are named). Every
     check's verdict passes through this one gather, so each rank takes part in it whatever its answer was; a
-    stub's "not written yet" is the same on every rank and returns before it."""
+    stub's "not written yet" is the same on every rank and returns before it. A rank whose own verdict was ok
+    quotes the first other rank's answer, so that every rank says what is off."""
     @functools.wraps(check)
     def checked(*args) -> Verdict:
         verdict = check(*args)
         if verdict.todo:
             return verdict
-        oks = gathered(verdict.ok)
-        if verdict.ok and not all(oks):
-            bad = [r for r, ok in enumerate(oks) if not ok]
-            return Verdict(False, f"{verdict.message}, but not on rank(s) {bad}")
+        everyone = gathered((verdict.ok, verdict.message))
+        if verdict.ok and not all(ok for ok, _ in everyone):
+            bad = [r for r, (ok, _) in enumerate(everyone) if not ok]
+            return Verdict(False, f"{verdict.message}, but not on rank(s) {bad}; rank {bad[0]}: "
+                                  f"{everyone[bad[0]][1]}")
         return verdict
     return checked
+
+
+def _same_batch(a, b) -> bool:
+    try:
+        return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b))
+    except (TypeError, RuntimeError):
+        return False
 
 
 @agreed
@@ -49,10 +59,19 @@ def epoch_ends_together(batches) -> Verdict:
     """The learner's `batches` for this rank: one epoch of them must end on every rank without a hang."""
     if batches is None:
         return unwritten("batches", batches)
+    data = hangs.epoch_batches(dist.get_rank(), dist.get_world_size())
+    made_up = [i for i, b in enumerate(batches) if not any(_same_batch(b, d) for d in data)]
+    everyone = gathered((len(batches), made_up))
+    lengths = [n for n, _ in everyone]
+    padded = "; ".join(f"rank {r}: {made}" for r, (_, made) in enumerate(everyone) if made)
+    if padded:
+        return Verdict(False, f"batches that are not from the rank's data ({padded}): a padded batch is trained on "
+                              f"like data, its loss and gradient enter the step; keep only as many of the real "
+                              f"batches as every rank has")
     steps, report = hangs.train_epoch(batches)
     counts = gathered(steps)
     if report:
-        return Verdict(False, f"the epoch still hangs: {report}")
+        return Verdict(False, f"the epoch still hangs: {report} (batches per rank: {lengths})")
     if len(set(counts)) > 1:
         return Verdict(False, f"no hang, but the ranks ran different numbers of steps {counts}")
     return (Verdict(True, f"every rank ran {counts[0]} steps and the epoch ended together"))
@@ -69,11 +88,19 @@ def saves_on_every_rank(save: Callable) -> Verdict:
     state, report = out
     if report:
         return Verdict(False, f"the save still hangs: {report}")
-    want = {k: tuple(v.shape) for k, v in hangs.tiny().state_dict().items()}
+    full = hangs.tiny().state_dict()
+    want = {k: tuple(v.shape) for k, v in full.items()}
     if dist.get_rank() == 0:
         got = {k: tuple(v.shape) for k, v in (state or {}).items()}
         if got != want:
             return (Verdict(False, f"rank 0 got {got or 'no state dict'}, not the full {want}"))
+        pieces = [k for k, v in state.items() if type(v) not in (torch.Tensor, torch.nn.Parameter)]
+        if pieces:
+            return Verdict(False, f"rank 0 got {type(state[pieces[0]]).__name__}s ({', '.join(pieces)}): each "
+                                  f"rank's own shards, not the gathered tensors a file of the whole model needs")
+        off = [k for k, v in state.items() if not torch.equal(v, full[k])]
+        if off:
+            return Verdict(False, f"rank 0's {', '.join(off)} are not the model's values")
     return (Verdict(True, f"no hang; rank 0 holds all {len(want)} tensors at full shape"))
 
 
@@ -89,7 +116,8 @@ def every_expert_runs(mix: Callable) -> Verdict:
     if report:
         return Verdict(False, f"the step still hangs: {report}")
     if abs(loss - reference) > 1e-5:
-        return (Verdict(False, f"no hang, but the loss {loss:.6f} differs from one process's {reference:.6f}"))
+        return (Verdict(False, f"no hang, but the loss {loss:.6f} differs from one process's {reference:.6f}: "
+                               f"each row must get the output of the expert it picked, and of no other"))
     return (Verdict(True, f"no hang; loss {loss:.4f} equals one process's on this rank's rows"))
 
 
@@ -98,14 +126,31 @@ def global_grad_norm(grad_norm: Callable) -> Verdict:
     """`grad_norm(model)` of an FSDP2 model after one backward: the one-process norm, on every rank."""
     if grad_norm is None:
         return unwritten("grad_norm", grad_norm)
-    out = _run("grad_norm", numbers.grad_norms, grad_norm)
+    out = _run("grad_norm", numbers.grad_norm_parts, grad_norm)
     if isinstance(out, Verdict):
         return out
-    got, want = float(out[0]), out[1]
-    if abs(got - want) > 1e-5 * max(1.0, want):
-        return (Verdict(False, f"rank {dist.get_rank()} reports {got:.6f}, one process {want:.6f}: "
-                                      f"a norm of this rank's shards only?"))
-    return (Verdict(True, f"norm {got:.6f} on every rank, equal to one process's"))
+    got, local, want = out
+
+    def close(a, b):
+        return abs(a - b) <= 1e-5 * max(1.0, abs(b))
+
+    everyone = gathered((got, local))
+    gots, locals_ = [g for g, _ in everyone], [n for _, n in everyone]
+    if close(got, want):
+        return (Verdict(True, f"norm {got:.6f} on every rank, equal to one process's"))
+    if not all(close(g, gots[0]) for g in gots):
+        return (Verdict(False, f"rank {dist.get_rank()} reports {got:.6f}, one process {want:.6f}, and the ranks "
+                               f"disagree ({', '.join(f'{g:.6f}' for g in gots)}): a norm of this rank's shards "
+                               f"only?"))
+    if close(got, sum(locals_)):
+        return Verdict(False, f"every rank reports {got:.6f}, the sum of the ranks' shard norms "
+                              f"{' + '.join(f'{n:.6f}' for n in locals_)}; one process {want:.6f}: norms do not "
+                              f"add, their squares do (the square root of the sum of squares)")
+    one = [r for r, n in enumerate(locals_) if close(got, n)]
+    if one:
+        return Verdict(False, f"every rank reports {got:.6f}, the norm of rank {one[0]}'s shards only; one process "
+                              f"{want:.6f}")
+    return Verdict(False, f"every rank reports {got:.6f}, one process {want:.6f}")
 
 
 @agreed
@@ -117,7 +162,14 @@ def averages_like_one_process(loss_fn: Callable) -> Verdict:
     if isinstance(ratio, Verdict):
         return ratio
     if abs(ratio - 1.0) > 1e-4:
-        return (Verdict(False, f"FSDP's gradients are {ratio:g} times one process's"))
+        world, elements = dist.get_world_size(), numbers.elements_per_rank()
+        why = ""
+        if abs(ratio * world - 1.0) <= 1e-4:
+            why = (f": FSDP already divides the ranks' sum by the {world} ranks, so a loss divided by the world "
+                   f"size is divided twice")
+        elif abs(ratio - elements) <= 1e-4 * elements:
+            why = f": a sum over this rank's {elements} elements where one process takes their mean"
+        return (Verdict(False, f"FSDP's gradients are {ratio:g} times one process's{why}"))
     return (Verdict(True, "FSDP's gradients equal one process's on the whole batch (ratio 1.0)"))
 
 
@@ -127,6 +179,13 @@ def same_model_everywhere(model) -> Verdict:
     if model is None:
         return unwritten("model", model)
     whose = numbers.whose_weights(model)
+    shards = gathered([p.detach().clone() for p in model.parameters()])
+    copied = all(len(s) == len(shards[0]) and all(torch.equal(a, b) for a, b in zip(s, shards[0]))
+                 for s in shards[1:])
+    if whose != "rank 0's model" and copied:
+        return Verdict(False, f"the full parameters are no rank's model: every rank holds the same shard, rank "
+                              f"0's, copied after FSDP had sharded the parameters; rank 0's values must reach the "
+                              f"other ranks before FSDP keeps one slice of them per rank")
     if whose != "rank 0's model":
         return (Verdict(False, f"the full parameters are {whose}"))
     return (Verdict(True, "the full parameters are rank 0's model on every rank"))
@@ -142,6 +201,13 @@ def optimizer_steps_the_model(model, opt) -> Verdict:
     except RuntimeError as err:
         return Verdict(False, str(err).split(". ")[0])
     if gap > 1e-5:
+        ours = {id(p) for p in model.parameters()}
+        held = [p for group in opt.param_groups for p in group["params"]]
+        theirs = sum(id(p) in ours for p in held)
+        if theirs < len(ours):
+            return Verdict(False, f"after one step the parameters differ from one process's by {gap:.2e}: the "
+                                  f"optimizer holds {theirs} of the wrapped model's {len(ours)} parameter(s) and "
+                                  f"{len(held) - theirs} tensor(s) it does not use, which its step moves instead")
         return (Verdict(False, f"after one step the parameters differ from one process's by {gap:.2e}"))
     return (Verdict(True, f"one step matches one process's (largest difference {gap:.1e})"))
 
@@ -165,11 +231,17 @@ def reshuffles(orders: Callable) -> Verdict:
     """`orders(sampler, epochs)`: each epoch a new order, and the ranks' indices of one epoch are disjoint."""
     if orders is None:
         return unwritten("epoch_orders", orders)
-    got = _run("epoch_orders", orders, numbers.sampler(), 2)
+    sampler = numbers.sampler()
+    got = _run("epoch_orders", orders, sampler, 2)
     if isinstance(got, Verdict):
         return got
+    if got[0] == got[1] and not sampler.told:
+        return (Verdict(False, f"epochs 0 and 1 both read {got[0]}: the sampler was never told the epoch "
+                               f"(set_epoch); it shuffles with its own generator, seeded with seed + epoch, which "
+                               f"no global seed reaches"))
     if got[0] == got[1]:
-        return (Verdict(False, f"epochs 0 and 1 both read {got[0]}: the sampler was never told the epoch"))
+        return Verdict(False, f"epochs 0 and 1 both read {got[0]}: the sampler was told epoch(s) {sampler.told} "
+                              f"for 2 epochs; tell it each epoch's own number as that epoch starts")
     everyone = gathered(got)
     for epoch in range(2):
         seen = [i for rank_orders in everyone for i in rank_orders[epoch]]
@@ -189,7 +261,11 @@ def full_state_on_rank_0(save: Callable) -> Verdict:
     full = memory.host_bytes(memory.wide().state_dict())
     want = full if dist.get_rank() == 0 else 0
     if held != want:
-        return (Verdict(False, f"rank {dist.get_rank()} holds {held:,} B; want {want:,} B"))
+        world = dist.get_world_size()
+        why = (": the whole model, which only rank 0 should keep" if held == full else
+               f": 1/{world} of the model, this rank's own shards, as a sharded state dict keeps them"
+               if held * world == full else "")
+        return (Verdict(False, f"rank {dist.get_rank()} holds {held:,} B; want {want:,} B{why}"))
     return (Verdict(True, f"rank {dist.get_rank()} holds {held:,} B (the whole model is {full:,} B)"))
 
 
@@ -203,6 +279,10 @@ def accumulates_sharded(accumulate: Callable) -> Verdict:
         return out
     held, grads = out
     no_sync_held, want = memory.grad_bytes_between(memory.accumulate_no_sync)
+    if any(g is None for g in grads):
+        return Verdict(False, "after the last micro-batch the parameters have no gradient: no backward ran outside "
+                              "no_sync, so none was reduce-scattered and every rank still holds only its own "
+                              "unsharded sum")
     gap = max((a - b).abs().max().item() for a, b in zip(grads, want))
     if gap > 1e-5:
         return (Verdict(False, f"the accumulated gradients differ from no_sync's by {gap:.2e}"))
@@ -219,7 +299,10 @@ def saves_forward_memory(model) -> Verdict:
         return unwritten("model", model)
     peak, root = memory.forward_peak(model), memory.forward_peak(memory.root_only())
     if peak >= root:
-        return (Verdict(False, f"forward peak {peak:,} B, no lower than the root-only {root:,} B"))
+        units = len(FSDP.fsdp_modules(model))
+        why = (": one FSDP unit, so the forward gathers the whole model at once; no layer became a unit of its "
+               "own" if units == 1 else f" with {units} FSDP units")
+        return (Verdict(False, f"forward peak {peak:,} B, no lower than the root-only {root:,} B{why}"))
     return (Verdict(True, f"forward peak {peak:,} B instead of {root:,} B with the root alone"))
 
 
@@ -230,7 +313,9 @@ def generates_like_one_process(model) -> Verdict:
         return unwritten("model", model)
     out, error = memory.generate_or_error(model)
     if error:
-        return (Verdict(False, f"generate() raises {error}"))
+        why = ("; it reads the root's parameters still sharded (DTensor): only forward, or a method registered "
+               "as one, gathers them" if "DTensor" in error else "")
+        return (Verdict(False, f"generate() raises {error}{why}"))
     gap = (out - memory.reference_generate()).abs().max().item()
     if gap > 1e-5:
         return (Verdict(False, f"generate() differs from one process's by {gap:.2e}"))

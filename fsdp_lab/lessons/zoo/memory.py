@@ -80,7 +80,8 @@ def accumulate_no_sync(model: FSDP, micro: list) -> None:
 
 def grad_bytes_between(accumulate: Callable, micro_batches: int = 4) -> tuple[int, list]:
     """(the gradient bytes held after the next-to-last micro-batch, the full gradients at the end) of
-    `accumulate(model, micro)`: the peak of held gradients comes just before the last backward."""
+    `accumulate(model, micro)`: the peak of held gradients comes just before the last backward. A parameter
+    that ends without a gradient (nothing was reduce-scattered) gives None."""
     model = wrapped()
     micro = [rows(step) for step in range(micro_batches)]
     held = []
@@ -91,7 +92,7 @@ def grad_bytes_between(accumulate: Callable, micro_batches: int = 4) -> tuple[in
 
     accumulate(_Watched(model, watch), micro)
     with FSDP.summon_full_params(model, with_grads=True):
-        grads = [p.grad.detach().clone() for p in model.parameters()]
+        grads = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
     return max(held[1:] or held), grads
 
 

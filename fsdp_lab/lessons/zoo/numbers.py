@@ -67,10 +67,24 @@ def grad_norms(grad_norm: Callable) -> tuple[float, float]:
     return grad_norm(backward_once()), norm_of(reference_grads(tiny()))
 
 
+def grad_norm_parts(grad_norm: Callable) -> tuple[float, float, float]:
+    """(grad_norm(model) after one backward, the norm of this rank's shards of the same gradients, the
+    one-process norm): what a check needs to say which norm a wrong answer took."""
+    model = backward_once()
+    local = local_grad_norm(model)  # before grad_norm, which may clip the gradients
+    return float(grad_norm(model)), local, norm_of(reference_grads(tiny()))
+
+
 # -- a summed loss --------------------------------------------------------------------------------------------------------
 def summed_loss(model, x, y):
     """The bug: the loss summed over this rank's rows (reduction="sum"), though FSDP averages over ranks."""
     return loss_of(model, x, y, reduction="sum")
+
+
+def elements_per_rank() -> int:
+    """The loss's elements on each rank (rows × columns of a rank's part of the global batch)."""
+    _, y = batch(0)
+    return mine(y, dist.get_rank(), dist.get_world_size()).numel()
 
 
 def grad_ratio(loss_fn: Callable) -> float:
@@ -151,9 +165,20 @@ def count_after(mixed_precision, forwards: int = 4) -> float:
 
 
 # -- DistributedSampler without set_epoch ----------------------------------------------------------------------------
+class _Told(DistributedSampler):
+    """A DistributedSampler that keeps the epochs it was told, in order (`told`), for the check's answer."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.told = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.told.append(epoch)
+        super().set_epoch(epoch)
+
+
 def sampler(samples: int = 8) -> DistributedSampler:
-    return DistributedSampler(range(samples), num_replicas=dist.get_world_size(), rank=dist.get_rank(),
-                              shuffle=True, seed=0)
+    return _Told(range(samples), num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True, seed=0)
 
 
 def orders_without_set_epoch(s: DistributedSampler, epochs: int) -> list:
