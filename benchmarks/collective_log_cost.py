@@ -12,7 +12,9 @@ width 16), two ways.
 - Side by side: the same model's steps with the log on and with it off (`log_switched_off`: the group's log
   lookup answers None, as outside torch.distributed, so no record is made), alternating step by step so that a
   change of machine load falls on both; the median of each, and the median and quartiles of the per-pair
-  differences (on - off). A difference inside its quartiles is a cost the step's own noise hides.
+  differences (on - off), in wall time and in the thread's CPU time (the log runs on this thread; other
+  processes on a shared machine disturb CPU time less). A difference inside its quartiles is a cost the step's
+  own noise hides.
 - Counted: the records a step makes (the log's sequence number before and after) times the time one record
   takes (`issue`, then its state set to done, as the lifecycle does), timed in the same process over many
   records. That is the log's time per step, too small for the side-by-side to resolve, reported beside the
@@ -73,24 +75,29 @@ def measure(rank: int, world_size: int, steps: int, records: int, layers: int) -
         for _ in range(3):
             runner.step(x, y)
         times = {"on": [], "off": []}
+        cpu = {"on": [], "off": []}  # this thread's CPU time: where the log runs, less disturbed by other load
         counted = {"on": 0, "off": 0}
         pair = ("on", "off") if mode in FRONT_ENDS else ("on",)  # plain issues no collective
         for i in range(steps):  # on then off, then off then on: neighbours in time, each first half the time
             for state in (pair if i % 2 == 0 else pair[::-1]):
                 before = log.seq
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 if state == "on":
                     runner.step(x, y)
                 else:
                     with log_switched_off():
                         runner.step(x, y)
                 times[state].append(time.perf_counter() - t0)
+                cpu[state].append(time.thread_time() - c0)
                 counted[state] += log.seq - before
         out[mode] = {"step_s": statistics.median(times["on"]), "records_per_step": counted["on"] / steps}
         if times["off"]:
             diffs = [a - b for a, b in zip(times["on"], times["off"])]
+            cpu_diffs = [a - b for a, b in zip(cpu["on"], cpu["off"])]
             out[mode].update(off_step_s=statistics.median(times["off"]), diff_s=statistics.median(diffs),
-                             diff_quartiles_s=_quartiles(diffs), records_per_step_off=counted["off"] / steps)
+                             diff_quartiles_s=_quartiles(diffs), records_per_step_off=counted["off"] / steps,
+                             cpu_s=statistics.median(cpu["on"]), off_cpu_s=statistics.median(cpu["off"]),
+                             cpu_diff_s=statistics.median(cpu_diffs), cpu_diff_quartiles_s=_quartiles(cpu_diffs))
     scratch = collective_log.CollectiveLog("cost", rank, tuple(range(world_size)))
     shape, dtype = torch.Size([1234]), torch.bfloat16
     per_record = []
@@ -135,11 +142,17 @@ def main(argv=None) -> int:
                "step_ms": round(m["step_s"] * 1e3, 3), "log_off_step_ms": round(m["off_step_s"] * 1e3, 3),
                "on_minus_off_ms": round(m["diff_s"] * 1e3, 3),
                "on_minus_off_quartiles_ms": [round(low * 1e3, 3), round(high * 1e3, 3)],
+               "cpu_ms": round(m["cpu_s"] * 1e3, 3), "log_off_cpu_ms": round(m["off_cpu_s"] * 1e3, 3),
+               "cpu_on_minus_off_ms": round(m["cpu_diff_s"] * 1e3, 3),
+               "cpu_on_minus_off_quartiles_ms": [round(q * 1e3, 3) for q in m["cpu_diff_quartiles_s"]],
                "log_us_per_step": round(log_s * 1e6, 2), "share_of_step": log_s / m["step_s"],
                "added_to_bar_11_ratio": log_s / plain_s}
         result["front_ends"][mode] = row
         print(f"{mode:22} log on {m['step_s'] * 1e3:7.1f} ms, off {m['off_step_s'] * 1e3:7.1f} ms a step: "
               f"on - off {m['diff_s'] * 1e3:+.2f} ms (quartiles {low * 1e3:+.2f} to {high * 1e3:+.2f} ms)")
+        c_low, c_high = m["cpu_diff_quartiles_s"]
+        print(f"{'':22} thread CPU time: on {m['cpu_s'] * 1e3:7.1f} ms, off {m['off_cpu_s'] * 1e3:7.1f} ms: on - off "
+              f"{m['cpu_diff_s'] * 1e3:+.2f} ms (quartiles {c_low * 1e3:+.2f} to {c_high * 1e3:+.2f} ms)")
         print(f"{'':22} counted: {m['records_per_step']:.0f} records/step x {record_s * 1e9:.0f} ns = "
               f"{log_s * 1e6:.1f} us, {100 * row['share_of_step']:.3f} % of the step; adds "
               f"x{row['added_to_bar_11_ratio']:.4f} to bar 11's ratio")

@@ -48,6 +48,8 @@ def test_each_front_end_is_timed_with_the_log_on_and_off_and_only_on_makes_recor
         assert row["records_per_step"] >= 8, (mode, row)
         assert row["records_per_step_off"] == 0, (mode, row)
         assert row["step_ms"] > 0 and row["log_off_step_ms"] > 0, (mode, row)
-        low, high = row["on_minus_off_quartiles_ms"]
-        assert low <= high, (mode, row)
+        for key in ("on_minus_off_quartiles_ms", "cpu_on_minus_off_quartiles_ms"):  # wall and thread CPU time
+            low, high = row[key]
+            assert low <= high, (mode, key, row)
+        assert row["cpu_ms"] > 0 and row["log_off_cpu_ms"] > 0, (mode, row)
         assert f"{mode:22} log on " in proc.stdout
