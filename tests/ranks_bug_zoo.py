@@ -98,6 +98,7 @@ def zoo(rank, world_size):
 
     out["norm_broken"] = numbers.grad_norms(numbers.local_grad_norm)
     out["norm_fixed"] = str(checks.global_grad_norm(full_grad_norm))
+    out["norm_fsdp1"] = numbers.fsdp1_grad_norms()
 
     out["sum_broken"] = numbers.grad_ratio(numbers.summed_loss)
     out["sum_fixed"] = str(checks.averages_like_one_process(mean_loss))

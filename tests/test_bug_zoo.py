@@ -82,6 +82,14 @@ def test_a_norm_of_local_shards_differs_by_rank_and_from_one_process(ranks):
     ok_on_both(ranks, "norm_fixed")
 
 
+
+def test_under_fsdp1_torchs_clip_grad_norm_sees_the_local_flat_shards_and_the_wrappers_sees_all(ranks):
+    (local0, total0, ref), (local1, total1, _) = ranks[0]["norm_fsdp1"], ranks[1]["norm_fsdp1"]
+    assert local0 != pytest.approx(local1) and local0 < ref and local1 < ref
+    assert local0 ** 2 + local1 ** 2 == pytest.approx(ref ** 2, rel=1e-5)  # the flat shards' squares add up
+    assert total0 == pytest.approx(ref, rel=1e-5) and total1 == pytest.approx(ref, rel=1e-5)
+
+
 def test_a_summed_loss_gives_gradients_rows_times_columns_too_large(ranks):
     assert all(r["sum_broken"] == pytest.approx(16.0) for r in ranks)  # 4 rows × 4 columns per rank
     ok_on_both(ranks, "sum_fixed")

@@ -149,3 +149,19 @@ def test_a_rank_that_raised_or_never_posted_is_named():
 
 def test_outside_torch_distributed_nothing_is_logged():
     assert not torch.distributed.is_initialized() and collective_log.log_of(None) is None
+
+
+def test_the_gpu_check_of_the_collective_log_covers_both_front_ends_and_runs_here_on_cpu():
+    """The GPU checks (fsdp_lab/bench/gpu_checks.py, tests/test_gpu.py on two gloo ranks sharing one GPU) name a
+    forward rank 0 runs alone under each front end; without CUDA the same checks run on CPU tensors, here."""
+    from fsdp_lab.bench.gpu_checks import MULTI_RANK_CHECKS, run_checks
+
+    names = [n for n in MULTI_RANK_CHECKS if n.startswith("collective_log_")]
+    assert names == ["collective_log_names_a_skipped_forward", "collective_log_names_a_skipped_forward_fully_shard"]
+    results = run_on_ranks(run_checks, 2, names, timeout_s=150, threads_per_rank=1)
+    for rank, checks in enumerate(results):
+        for check in checks:
+            assert check["ok"], (rank, check["name"], check["detail"])
+    reports = [check["detail"] for check in results[0]]
+    assert reports[0].startswith("FSDP: 'rank 0 waits in all_gather") and "on cpu tensors" in reports[0], reports
+    assert reports[1].startswith("fully_shard: 'rank 0 waits in all_gather"), reports

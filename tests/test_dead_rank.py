@@ -5,6 +5,7 @@ subprocess timeout far above what it should need; the assertions on wall time ar
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +50,9 @@ def test_a_rank_that_hangs_is_reported_as_hung_after_the_collective_timeout():
                                            env={"FSDP_LAB_FAULT": "hang:1:2"}, timeout=JOB_TIMEOUT)
     assert code == 3, err
     assert "[rank 0] a collective timed out in step 2: a peer did not answer within --timeout 3 s" in err
+    # the collective log is on by default in fsdp-lab train: rank 0 names where it waits and the silent rank
+    assert re.search(r"^collective log: rank 0 waits in (all_gather|reduce_scatter) #\d+ \([\w.]+, (forward|"
+                     r"backward)\); rank 1 did not report \(dead, or stuck outside a collective\)$", err, re.M), err
     summary = err.strip().splitlines()[-1]
     assert summary.startswith("fsdp-lab train: failed (exit 3): rank 1 (local rank 1, pid"), err
     assert "hung: it stopped answering, rank 0's collective timed out after --timeout 3 s" in summary

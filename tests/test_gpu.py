@@ -1,7 +1,8 @@
 """Checks that only a GPU can answer (fsdp_lab/bench/gpu_checks.py): parity with FSDP2 in bf16 and fp32 on CUDA (world
 size 1 on NCCL, and two ranks over gloo on one GPU), no host sync in a steady-state step, unsharded memory released
 between units as seen by torch.cuda.memory_allocated, gather kernels overlapping compute in a profile, resuming
-fused AdamW from a checkpoint, and ZeRO-1 with fused AdamW against one process.
+fused AdamW from a checkpoint, ZeRO-1 with fused AdamW against one process, and the collective log naming a
+forward one rank runs alone with CUDA tensors, under each front end.
 Without pytest, benchmarks/gpu_checks.py runs the same checks."""
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_lab.bench.setups import build_runner
-from fsdp_lab.runtime import FSDP, BackwardPrefetch, MixedPrecision
+from fsdp_lab.runtime import FSDP, BackwardPrefetch, MixedPrecision, fully_shard
 from fsdp_lab.runtime.fsdp1.wrap import ModuleWrapPolicy
 from fsdp_lab.training.models import PRESETS, Block, GPTConfig, batch_for_step, build_gpt, rank_slice
 
@@ -304,10 +304,11 @@ def zero1_fused(rank, world_size) -> str:
     return detail
 
 
-def collective_log_names_a_skipped_forward(rank, world_size) -> str:
+def _skipped_forward(rank, world_size, front_end: str) -> str:
     """With CUDA tensors on the side streams (a collective issued ahead is WAITED while the host waits), rank 0
-    runs a forward its peers skip: the collective log names it and their last collective. It runs on a group of
-    its own with a 3 s timeout, so the hang costs seconds and the other checks keep the default group."""
+    runs a forward its peers skip, under `front_end` ("FSDP" or "fully_shard"): the collective log names it and
+    their last collective. It runs on a group of its own with a 3 s timeout, so the hang costs seconds and the
+    other checks keep the default group."""
     from datetime import timedelta
 
     from fsdp_lab.runtime.core import collective_log
@@ -315,11 +316,19 @@ def collective_log_names_a_skipped_forward(rank, world_size) -> str:
 
     device = _device(rank)
     group = dist.new_group(backend="gloo", timeout=timedelta(seconds=3))
-    store, released = dist.distributed_c10d._get_default_store(), "gpu_checks/collective_log/released"
+    store, released = dist.distributed_c10d._get_default_store(), f"gpu_checks/collective_log/{front_end}/released"
     torch.manual_seed(0)
     with torch.device(device):
-        model = FSDP(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64)), process_group=group,
-                     auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+        net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    if front_end == "FSDP":
+        model = FSDP(net, process_group=group, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}))
+    else:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(group, device.type)
+        for layer in (net[0], net[2]):
+            fully_shard(layer, mesh=mesh)
+        model = fully_shard(net, mesh=mesh)
     x = torch.ones(8, 64, device=device)
     model(x).sum().backward()
     if rank != 0:  # done, and alive: post, then wait (with a deadline) until rank 0 has its report
@@ -336,18 +345,31 @@ def collective_log_names_a_skipped_forward(rank, world_size) -> str:
         store.set(released, b"1")
     took = time.monotonic() - t0
     want = "rank 0 waits in all_gather"
-    detail = f"{message!r} after {took:.1f} s on {device.type} tensors"
+    detail = f"{front_end}: {message!r} after {took:.1f} s on {device.type} tensors"
     assert message and message.startswith(want) and "which rank 1 never entered" in message, detail
     assert took < 3 + 5, detail
     return detail
 
 
+def collective_log_names_a_skipped_forward(rank, world_size) -> str:
+    """_skipped_forward under FSDP1's wrapper."""
+    return _skipped_forward(rank, world_size, "FSDP")
+
+
+def collective_log_names_a_skipped_forward_fully_shard(rank, world_size) -> str:
+    """_skipped_forward under fully_shard (FSDP2's front end)."""
+    return _skipped_forward(rank, world_size, "fully_shard")
+
+
 WORLD1_CHECKS = {"parity_bf16": parity_bf16, "parity_fp32": parity_fp32, "memory_released": memory_released,
                  "overlap": overlap, "no_host_sync": no_host_sync,
                  "resume_fused_adamw": resume_fused_adamw, "zero1_fused": zero1_fused}
-CHECKS = {**WORLD1_CHECKS, "collective_log_names_a_skipped_forward": collective_log_names_a_skipped_forward}
+COLLECTIVE_LOG_CHECKS = {"collective_log_names_a_skipped_forward": collective_log_names_a_skipped_forward,
+                         "collective_log_names_a_skipped_forward_fully_shard":
+                             collective_log_names_a_skipped_forward_fully_shard}  # one per front end
+CHECKS = {**WORLD1_CHECKS, **COLLECTIVE_LOG_CHECKS}
 # two gloo ranks sharing one GPU (NCCL refuses two ranks on one device)
-MULTI_RANK_CHECKS = ["parity_bf16", "zero1_fused", "collective_log_names_a_skipped_forward"]
+MULTI_RANK_CHECKS = ["parity_bf16", "zero1_fused", *COLLECTIVE_LOG_CHECKS]
 
 
 def run_checks(rank: int, world_size: int, names: list[str]) -> list[dict]:

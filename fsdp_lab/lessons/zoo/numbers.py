@@ -1,7 +1,8 @@
 """Wrong numbers that still train: nothing hangs or raises, and a check against one process (or against the model
 each rank built) is what shows them.
 
-- a gradient norm taken from the local shards (FSDP2 DTensor grads read with to_local());
+- a gradient norm taken from the local shards (FSDP2 DTensor grads read with to_local(); under FSDP1,
+  torch.nn.utils.clip_grad_norm_ over the flat shards);
 - a loss summed over the local rows, which FSDP's average turns into a gradient rows-per-rank times too large;
 - a different init on each rank without sync_module_states: the shards of N models make one that none built;
 - an optimizer built before FSDP replaced the parameters: it steps tensors the model no longer uses;
@@ -73,6 +74,20 @@ def grad_norm_parts(grad_norm: Callable) -> tuple[float, float, float]:
     model = backward_once()
     local = local_grad_norm(model)  # before grad_norm, which may clip the gradients
     return float(grad_norm(model)), local, norm_of(reference_grads(tiny()))
+
+
+def fsdp1_grad_norms() -> tuple[float, float, float]:
+    """FSDP1's form of the same bug, after one backward of this rank's rows of the same model under the wrapper:
+    (torch.nn.utils.clip_grad_norm_ over model.parameters(), which are this rank's flat shards; the wrapper's
+    model.clip_grad_norm_, which adds the ranks' squares before the root; the one-process norm). max_norm is
+    infinite, so both only measure."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = wrapped(tiny())
+    x, y = batch(0)
+    loss_of(model, mine(x, rank, world_size), mine(y, rank, world_size)).backward()
+    local = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")).item()
+    total = model.clip_grad_norm_(float("inf")).item()
+    return local, total, norm_of(reference_grads(tiny()))
 
 
 # -- a summed loss --------------------------------------------------------------------------------------------------------
