@@ -46,6 +46,17 @@ def test_shard_range_takes_the_solution_and_names_the_stub():
     assert_not_written(checks.shard_range(shard_range_solution, None))  # the stub of a wrap line: model = None
 
 
+@pytest.mark.parametrize("check", ["shard_range", "dim0_rows", "hsdp_groups"])
+def test_a_stubbed_function_is_not_written_yet_whatever_model_the_cell_holds(check):
+    """06a: the wrap line above is a stub too, so the model is a plain GPT; the check names its own stub first."""
+    from fsdp_lab.training.models import build_gpt
+
+    extra = {"nodes": 2} if check == "hsdp_groups" else {}
+    verdict = getattr(checks, check)(_nyi, build_gpt("tiny"), **extra)
+    assert_not_written(verdict)
+    assert "the stub" in verdict.message and "plain" not in verdict.message
+
+
 def test_shard_range_refuses_plain_division_even_when_every_unit_divides():
     def divided(numel, n, rank):
         return rank * (numel // n), (rank + 1) * (numel // n)

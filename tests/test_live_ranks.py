@@ -71,6 +71,27 @@ def test_a_rank_that_raises_is_named_with_its_error_and_the_group_survives(ranks
     assert ranks.run("print(rank)").ok
 
 
+def test_a_name_an_unwritten_stub_would_define_says_not_written_yet_until_the_stub_is_written(ranks):
+    """[Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/ranks.py."""
+    plain = ranks.run("print(never_defined)")  # no stub before: an ordinary NameError, with its line
+    assert plain.failures().startswith("rank 0 raised an exception: NameError: name 'never_defined' is not defined")
+    assert "print(never_defined)" in plain.failures()
+    stub = "net = rank + 1\nraise NotImplementedError('write the wrap line: wrapped = ...')\nprint(wrapped)"
+    assert "not written yet: write the wrap line" in ranks.run(stub).failures()
+    for later in (ranks.run("print(wrapped * 2)"), ranks.run("print(net, wrapped)")):
+        assert later.failures().splitlines() == [
+            f"rank {r} raised an exception: not written yet: wrapped comes from the exercise above that is not "
+            f"written yet (\"write the wrap line: wrapped = ...\"); write it and run that cell first" for r in (0, 1)]
+    with pytest.raises(RanksFailed, match=r"^not written yet: wrapped comes from the exercise above"):
+        ranks.pull("wrapped")
+    ranks.run(stub)  # run again unwritten: still remembered
+    assert "not written yet: wrapped comes" in ranks.run("print(wrapped)").failures()
+    assert ranks.run("net = rank + 1\nwrapped = net * 10\nprint(wrapped)").ok  # the same cell, written
+    forgotten = ranks.run("print(never_defined)")
+    assert forgotten.failures().startswith("rank 0 raised an exception: NameError: name 'never_defined'")
+    assert ranks.pull("wrapped") == [10, 20]
+
+
 def test_the_magic_runs_the_cell_on_every_rank_and_raises_naming_the_rank(ranks, capsys):
     from IPython.core.interactiveshell import InteractiveShell
 

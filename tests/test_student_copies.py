@@ -270,3 +270,53 @@ def test_each_stub_run_on_live_ranks_says_not_written_yet(ranks, path):
         run = ranks.run(source.split("\n", 1)[1])
         assert run.ok, f"{path.name} cell {cell['id']}: {run.failures()}"
     assert seen == len(marked)
+
+
+# -- a learner who writes nothing: each check after an unwritten exercise says "not written yet" --------------------
+CHECK_CALL = re.compile(r"\bchecks\.\w+\(")
+PULL = re.compile(r"""live_ranks\.pull\(["']([^"']+)["']\)""")
+
+
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.stem)
+def test_every_stub_and_every_check_of_your_turn_runs_on_the_live_ranks(path):
+    """The kernel's own cells never hold a stub or call a check, and reach what the ranks defined only through
+    live_ranks.pull, which says "not written yet" like a %%ranks cell ([Note: a name an unwritten exercise would
+    define] in fsdp_lab/lessons/live/ranks.py): so a kernel cell after a stub needs nothing of its own."""
+    copy = sc.student_notebook(_load(path), path.name)
+    for cell in your_turn_cells(copy):
+        text = _text(cell)
+        if cell["cell_type"] == "code" and not text.startswith("%%ranks"):
+            assert "NotImplementedError" not in text and "= None  # ← your" not in text, (path.name, cell["id"])
+            assert not CHECK_CALL.search(text), f"{path.name} cell {cell['id']}: a check run in the kernel"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.stem)
+def test_each_check_after_an_unwritten_exercise_says_not_written_yet(ranks, path):
+    """The learner's copy run as it is, no solution written: the Your turn section's cells in order, on fresh ranks
+    (the chapter's own live.start). Every cell that calls a check says "not written yet", also when what it reads
+    comes from a stubbed cell above (a NameError on `model`, `fsdp_losses`); no cell shows a bare NameError, and
+    a kernel cell's live_ranks.pull of a name no rank has says "not written yet" too."""
+    from fsdp_lab.lessons.live import RanksFailed
+
+    ranks.restart()
+    checked = 0
+    for cell in your_turn_cells(sc.student_notebook(_load(path), path.name)):
+        source = _text(cell)
+        if cell["cell_type"] != "code":
+            continue
+        if not source.startswith("%%ranks"):
+            for name in PULL.findall(source):
+                try:
+                    ranks.pull(name)
+                except RanksFailed as err:
+                    assert str(err).startswith("not written yet: "), f"{path.name} cell {cell['id']}: {err}"
+            continue
+        run = ranks.run(source.split("\n", 1)[1])
+        said = run.render() + "\n" + run.failures()
+        assert "NameError" not in said, f"{path.name} cell {cell['id']}:\n{said}"
+        if CHECK_CALL.search(source):
+            assert "not written yet" in said and "Traceback" not in said, f"{path.name} cell {cell['id']}:\n{said}"
+            checked += 1
+    assert checked, f"{path.name}: no check in Your turn"

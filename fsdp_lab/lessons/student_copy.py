@@ -12,8 +12,14 @@ learner starts from right before them:
 The copy keeps each `### STUB:` line (the prefix removed, at the marker's indentation) in place of the block;
 a block with no stub gets nbgrader's `raise NotImplementedError(...)`. [Note: stubs the checks recognise] A
 stub either leaves a value None or a function that raises NotImplementedError, and every check in
-fsdp_lab.lessons.live.checks answers those with "not written yet"; a stub that raises in a `%%ranks` cell is
-shown by the live ranks as "not written yet: <its message>", without a traceback. The copy of an exercise cell
+fsdp_lab.lessons.live.checks answers those with "not written yet" (a check that also reads a model asks about the
+function first: the model may be the plain one an unwritten exercise above left); a stub that raises in a
+`%%ranks` cell is shown by the live ranks as "not written yet: <its message>", without a traceback. Such a stub
+stands for the line that defines what the later cells read (`model = FSDP(...)` in a bigger cell, and then
+`checks.state_bytes(predicted, model, opt)`): until that cell runs without it, a later cell's NameError, or a
+kernel cell's `live_ranks.pull` of the name, says "not written yet: <name> comes from the exercise above ..."
+([Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/ranks.py). Every stub and every check
+runs on the ranks, none in the kernel (tests/test_student_copies.py checks both). The copy of an exercise cell
 loses its outputs (they came from the solution), and a "show the solution" cell follows it, which reads the
 solution from the instructor's notebook (fsdp_lab.lessons.widgets.solution), so the copy holds none of it.
 

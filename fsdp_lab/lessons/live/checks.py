@@ -20,7 +20,7 @@ from fsdp_lab.lessons.live.apply_order import apply_order  # noqa: F401
 from fsdp_lab.lessons.live.hybrid_groups import hsdp_cases, hsdp_groups, hsdp_groups_of  # noqa: F401
 from fsdp_lab.lessons.live.rows import UNEVEN_ROWS, dim0_cases, dim0_rows, dim0_rows_of, uneven_rows  # noqa: F401
 from fsdp_lab.lessons.live.verdict import (FSDP1, FSDP2, Verdict, close_to, not_written, unwritten,  # noqa: F401
-                                           wrong_model)
+                                           unwritten_function, wrong_model)
 from fsdp_lab.runtime.core.memory import memory_report
 from fsdp_lab.runtime.fsdp1.api import FSDP
 from fsdp_lab.runtime.fsdp1.flat_param import padded_size
@@ -120,7 +120,7 @@ UNEVEN_FLATS = ((10, 4), (7, 2), (5, 4))  # after the model's own units, which e
 def shard_range(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(numel, n, rank) -> (start, stop)`: where rank's chunk lies in a unit's padded flat buffer: first for
     lengths that do not divide by n (UNEVEN_FLATS), then for every unit of the learner's model."""
-    wrong = wrong_model("shard_range", model, FSDP1)
+    wrong = unwritten_function("shard_range", fn, *UNEVEN_FLATS[0], 0) or wrong_model("shard_range", model, FSDP1)
     if wrong:
         return wrong
     chunks = [Chunk(unit.name, flat.numel, flat.world_size, flat.rank, flat.padded_numel, flat.shard_offset,

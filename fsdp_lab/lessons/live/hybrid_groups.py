@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fsdp_lab.lessons.live.verdict import FSDP1, Verdict, not_written, wrong_model
+from fsdp_lab.lessons.live.verdict import FSDP1, Verdict, not_written, unwritten_function, wrong_model
 
 GRIDS = ((2, 2), (2, 4), (4, 2), (3, 2))  # (nodes, ranks per node): the stored run's, and bigger ones
 
@@ -62,7 +62,7 @@ def hsdp_groups_of(fn: Callable[[int, int, int], tuple], cases: Sequence[tuple])
 
 def hsdp_groups(fn: Callable[[int, int, int], tuple], model, nodes: int) -> Verdict:
     """`fn` against the groups of the learner's HYBRID_SHARD model on `nodes` nodes (this rank), then GRIDS."""
-    wrong = wrong_model("hsdp_groups", model, FSDP1)
+    wrong = unwritten_function("hsdp_groups", fn, 0, nodes, 1) or wrong_model("hsdp_groups", model, FSDP1)
     if wrong:
         return wrong
     shard, replicate = model._settings["process_group"], model._settings["replicate_group"]

@@ -39,6 +39,7 @@ class RankOutput:
     error: str = ""  # RAISED: the remote traceback's last lines; DIED: the exit code; HUNG: where it is stuck
     where: str = ""  # HUNG: the innermost frames of the rank's main thread (faulthandler)
     broke_group: bool = False  # RAISED: what it raised was a failed collective (the group is unusable after it)
+    unwritten: Optional[str] = None  # RAISED by a learner's copy's stub: its NotImplementedError's message
 
     def lines(self) -> list:
         body = plain(self.stdout).rstrip("\n").splitlines() + plain(self.stderr).rstrip("\n").splitlines()

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fsdp_lab.lessons.live.verdict import FSDP2, Verdict, not_written, wrong_model
+from fsdp_lab.lessons.live.verdict import FSDP2, Verdict, not_written, unwritten_function, wrong_model
 
 # Cases where plain division is wrong: the first dimension does not divide by n, and with 5 rows on 4 ranks the
 # last rank keeps none (ceil(5/4) = 2 rows each: 2, 2, 1, 0). The tiny GPT's first dimensions all divide by 2.
@@ -67,7 +67,7 @@ def dim0_rows(fn: Callable[[int, int, int], tuple], model) -> Verdict:
     """`fn(dim0, n, rank) -> (start, stop)`: the rows of a parameter's dim 0 that rank keeps under FSDP2's
     Shard(0), against every DTensor parameter of the learner's fully_shard model, then on first dimensions that do
     not divide by n (UNEVEN_ROWS)."""
-    wrong = wrong_model("dim0_rows", model, FSDP2)
+    wrong = unwritten_function("dim0_rows", fn, *UNEVEN_ROWS[0], 0) or wrong_model("dim0_rows", model, FSDP2)
     if wrong:
         return wrong
     rank, n = torch.distributed.get_rank(), torch.distributed.get_world_size()
