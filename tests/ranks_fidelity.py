@@ -100,16 +100,22 @@ def forwarding(rank, world_size):
 
 
 def dcp_state_dict(rank, world_size):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from torch.distributed.tensor import DTensor
 
     base = gpt()
     model = wrap(base)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     train(model, opt, range(1), rank, world_size, base.cfg)
     reference = model.state_dict()
-    got = get_model_state_dict(model)
-    return {"model_keys": list(got) == list(reference),
+    got = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    sharded = get_model_state_dict(model)  # the default: each parameter this rank's piece, as a DTensor
+    pieces = {k: v for k, v in sharded.items() if isinstance(v, DTensor)}
+    return {"model_keys": list(got) == list(reference) == list(sharded),
             "model_equal": all(torch.equal(got[k], reference[k]) for k in reference),
+            "sharded_pieces": bool(pieces) and all(v.to_local().shape[0] < v.shape[0] for v in pieces.values()),
+            "sharded_equal": all(torch.equal(v.full_tensor() if isinstance(v, DTensor) else v, reference[k])
+                                 for k, v in sharded.items()),
             "with_optimizer": seen(lambda: get_state_dict(model, opt) and "no error")}
 
 

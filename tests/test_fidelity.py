@@ -36,6 +36,7 @@ def test_unknown_attributes_and_indexing_reach_the_wrapped_module(ranks):
 def test_torch_dcp_reads_the_model_and_refuses_the_optimizer_by_name(ranks):
     got = facts(ranks, "dcp_state_dict")
     assert got["model_keys"] and got["model_equal"]
+    assert got["sharded_pieces"] and got["sharded_equal"], "get_model_state_dict is sharded by default, as torch's"
     message = got["with_optimizer"]
     assert message.startswith("NotImplementedError") and "fsdp_lab.checkpoint" in message, message
     assert "FSDP.optim_state_dict(model, optim)" in message, message

@@ -135,6 +135,24 @@ def test_a_rank_that_hangs_is_reported_by_rank_and_line_within_the_timeout(ranks
     assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
 
 
+@pytest.mark.parametrize("code", ["while True:\n        pass", "sum(range(10**13))"], ids=["busy", "gil"])
+def test_a_busy_or_gil_holding_rank_is_named_within_the_timeout_and_restarts_cleanly(ranks, code):
+    """A rank spinning in Python, or in one C call that never lets go of the GIL (so no Python thread of its
+    engine runs), is reported as rank 1 within its timeout; restart() ends both engines and a new group works."""
+    began = time.monotonic()
+    run = ranks.run(f"print('started')\nif rank == 1:\n    {code}\nprint('done')", timeout_s=4)
+    waited = time.monotonic() - began
+    assert waited < 60, f"a 4 s timeout took {waited:.0f} s to report"
+    assert run.by_rank(1).status is RankStatus.HUNG and run.by_rank(0).status is RankStatus.OK
+    assert "rank 1 did not finish in time: still running after 4 s" in run.failures()
+    assert ranks.state is RanksState.BROKEN
+    old = list(ranks.pids[:2])
+    ranks.restart()
+    assert ranks.state is RanksState.READY and not alive(old)
+    run = ranks.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nprint(t.item())")
+    assert run.ok and [o.stdout.strip() for o in run.outputs] == ["2.0", "2.0"]
+
+
 def test_interrupting_the_cell_interrupts_the_ranks_and_asks_for_a_restart(ranks):
     """The notebook's stop button raises KeyboardInterrupt in the kernel: the ranks are interrupted as well."""
     import os

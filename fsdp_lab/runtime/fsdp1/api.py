@@ -309,13 +309,15 @@ class FSDP(nn.Module):
         instance's: its own module's, keys relative to it), original names and full fp32 tensors (buffers in
         their own dtype), on every rank (on rank 0 only, or on the CPU, under FSDP.state_dict_type with a
         FullStateDictConfig); under SHARDED_STATE_DICT each rank's dim-0 piece of every parameter as a DTensor
-        ([Note: SHARDED_STATE_DICT] in state_dict.py). Every rank must call it: one that skips it leaves the
-        others waiting until the collective timeout. `keep_vars` gives detached copies, which is all a gathered
-        copy can be."""
+        ([Note: SHARDED_STATE_DICT] in state_dict.py). Called by torch DCP's get_model_state_dict it follows
+        DCP's options as torch's FSDP1 does (sharded by default: [Note: DCP's get_model_state_dict]). Every rank
+        must call it: one that skips it leaves the others waiting until the collective timeout. `keep_vars` gives
+        detached copies, which is all a gathered copy can be."""
         if args:
             raise ValueError("FSDP.state_dict() takes destination, prefix and keep_vars by name only (positional "
                              "arguments are deprecated in torch)")
-        return instance_state_dict(self, destination, prefix, keep_vars)  # [Note: an inner instance's state dict]
+        # [Note: an inner instance's state dict]; under torch DCP, [Note: DCP's get_model_state_dict]
+        return instance_state_dict(self, destination, prefix, keep_vars, sys._getframe(1))
 
     def apply(self, fn):
         """Collective, as in torch FSDP1: `fn` runs inside summon_full_params(writeback=True), so an init function

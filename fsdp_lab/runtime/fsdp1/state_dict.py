@@ -136,7 +136,42 @@ def shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: 
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=tensor.shape, stride=tensor.stride())
 
 
-def instance_state_dict(instance, destination, prefix: str, keep_vars: bool) -> dict:
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+
+
+def settings_for(instance, caller) -> StateDictSettings:
+    """The settings instance.state_dict() follows when `caller` (its caller's frame) called it.
+
+    [Note: DCP's get_model_state_dict] torch's get_model_state_dict / get_state_dict ask FSDP1 for a sharded state
+    dict by default: _verify_options in torch/distributed/checkpoint/state_dict.py finds torch's own FSDP
+    instances (FSDP.fsdp_modules(model)) and runs model.state_dict() inside FSDP.state_dict_type(model,
+    SHARDED_STATE_DICT, ShardedStateDictConfig(offload_to_cpu=options.cpu_offload)), or FULL_STATE_DICT with
+    FullStateDictConfig(offload_to_cpu=cpu_offload, rank0_only=cpu_offload) under full_state_dict=True. It finds
+    none of ours, so it would call our state_dict() under whatever state_dict_type is set, by default full: every
+    rank would hold the whole model while saving a "sharded" checkpoint. So when the caller is DCP's
+    _get_model_state_dict, the options it holds (its `info`) choose the settings exactly as DCP chooses them for
+    torch's FSDP: by default each parameter comes out as this rank's dim-0 piece, a DTensor ([Note:
+    SHARDED_STATE_DICT]), where torch's FSDP1 gives a ShardedTensor with the same rows; dcp.save writes each
+    rank's piece and dcp.load reshards to any world size. One exception: with a replicate group (HYBRID_SHARD,
+    _HYBRID_SHARD_ZERO2) SHARDED_STATE_DICT is refused here, so DCP gets the full state dict there as before.
+    set_model_state_dict needs nothing of this: load_state_dict takes DTensors and full tensors alike."""
+    settings = instance._state_dict_settings
+    if caller.f_code.co_name != "_get_model_state_dict" or caller.f_globals.get("__name__") != _DCP_STATE_DICT:
+        return settings
+    info = caller.f_locals.get("info")
+    if info is None or not hasattr(info, "full_state_dict"):
+        return settings
+    offload = bool(getattr(info, "cpu_offload", False))
+    if info.full_state_dict:
+        return StateDictSettings(StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload, rank0_only=offload),
+                                 settings.optim_state_dict_config)
+    if instance._ctx.replicate_pg is not None:
+        return settings
+    return StateDictSettings(StateDictType.SHARDED_STATE_DICT, ShardedStateDictConfig(offload),
+                             settings.optim_state_dict_config)
+
+
+def instance_state_dict(instance, destination, prefix: str, keep_vars: bool, caller=None) -> dict:
     """FSDP.state_dict() of the root or of an inner instance.
 
     [Note: an inner instance's state dict] In torch FSDP1 every instance's state_dict() gives its own module's
@@ -150,7 +185,8 @@ def instance_state_dict(instance, destination, prefix: str, keep_vars: bool) -> 
     the model's next forward then fails on an assertion; here the model trains on."""
     if instance._root._state_dict_walk:
         return instance._fsdp_wrapped_module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
-    return full_state_dict(instance, instance._state_dict_settings, destination, prefix)
+    settings = instance._state_dict_settings if caller is None else settings_for(instance, caller)
+    return full_state_dict(instance, settings, destination, prefix)
 
 
 def full_state_dict(model, settings: StateDictSettings, destination=None, prefix: str = "") -> dict:
