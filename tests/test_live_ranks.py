@@ -72,7 +72,7 @@ def test_a_rank_that_raises_is_named_with_its_error_and_the_group_survives(ranks
 
 
 def test_a_name_an_unwritten_stub_would_define_says_not_written_yet_until_the_stub_is_written(ranks):
-    """[Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/ranks.py."""
+    """[Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/unwritten.py."""
     plain = ranks.run("print(never_defined)")  # no stub before: an ordinary NameError, with its line
     assert plain.failures().startswith("rank 0 raised an exception: NameError: name 'never_defined' is not defined")
     assert "print(never_defined)" in plain.failures()

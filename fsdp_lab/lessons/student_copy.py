@@ -18,7 +18,7 @@ function first: the model may be the plain one an unwritten exercise above left)
 stands for the line that defines what the later cells read (`model = FSDP(...)` in a bigger cell, and then
 `checks.state_bytes(predicted, model, opt)`): until that cell runs without it, a later cell's NameError, or a
 kernel cell's `live_ranks.pull` of the name, says "not written yet: <name> comes from the exercise above ..."
-([Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/ranks.py). Every stub and every check
+([Note: a name an unwritten exercise would define] in fsdp_lab/lessons/live/unwritten.py). Every stub and every check
 runs on the ranks, none in the kernel (tests/test_student_copies.py checks both). The copy of an exercise cell
 loses its outputs (they came from the solution), and a "show the solution" cell follows it, which reads the
 solution from the instructor's notebook (fsdp_lab.lessons.widgets.solution), so the copy holds none of it.

@@ -30,14 +30,8 @@ fsdp_lab.lessons.live.lifeline).
 Each engine's namespace starts with `rank`, `world_size` and `trace_dir` (a fresh directory for this handle's
 trace files, fsdp_lab.observe.trace.rank_file(trace_dir, rank)).
 
-[Note: a name an unwritten exercise would define] In a learner's copy (fsdp_lab.lessons.student_copy) a stub that
-raises NotImplementedError is shown as "not written yet: <its message>". The line it stands in for would have
-defined names the later cells use (`model`, `opt`, `fsdp_losses`), so those cells, the checks among them, would
-fail with a NameError that says nothing of the exercise. The handle remembers each cell whose stub raised, until
-that cell runs again without raising it (`_unwritten`: the cell's other lines and the stub's message; the learner
-fills in the stub and keeps the rest of the cell). While one is remembered, a rank's NameError, in a cell or in
-`pull`, says "not written yet: <name> comes from the exercise above that is not written yet (...)" without a
-traceback; with none remembered a NameError is an ordinary error. Fresh engines (start, restart) forget them.
+A learner's copy's stubs are tracked for the NameErrors they cause ([Note: a name an unwritten exercise would
+define] in fsdp_lab/lessons/live/unwritten.py).
 
 [Note: what start-up costs] `startup_s` records it. On a 2-core machine shared with other test runs (load
 average 3 to 15) two ranks took 9 to 20 s, four ranks 20 s: about 2 s for the controller, most of the rest for
@@ -50,7 +44,6 @@ import enum
 import logging
 import math
 import os
-import re
 import shutil
 import signal
 import tempfile
@@ -63,6 +56,7 @@ from fsdp_lab.lessons.live import engine, lifeline
 from fsdp_lab.lessons.live.outcome import (CellRun, RankOutput, RanksFailed, RankStatus, plain,
                                            stack_of_current_thread)
 from fsdp_lab.lessons.live.processes import KnownProcesses, kill, running, signal_pid, with_descendants
+from fsdp_lab.lessons.live.unwritten import UnwrittenStubs
 from fsdp_lab.training import host_memory
 from fsdp_lab.training.launch import free_port, usable_cores
 
@@ -111,8 +105,7 @@ class Ranks:
         self._patient_s: Optional[float] = None  # the engines' patient timeout, set for the cell that runs next
         self._known: Optional[KnownProcesses] = None  # every process seen, and the reaper told of them
         self.trace_dir: Optional[Path] = None  # the ranks' trace files; made by start(), removed by stop()
-        # [Note: a name an unwritten exercise would define] (the cell's other lines, the stub's message) per cell
-        self._unwritten: list = []
+        self._unwritten = UnwrittenStubs()  # [Note: a name an unwritten exercise would define] in unwritten.py
 
     def __repr__(self) -> str:
         why = f" ({self.broken_because.splitlines()[0]})" if self.broken_because else ""
@@ -204,7 +197,8 @@ class Ranks:
             finally:
                 kill(pids + (self._known.alive() if self._known is not None else []))
         self._cluster = self._client = None
-        self._engine_ids, self._pids, self._unwritten = [], [], []
+        self._engine_ids, self._pids = [], []
+        self._unwritten.forget_all()
         self.state, self.broken_because = RanksState.STOPPED, ""
         for directory in (self._stack_dir, self.trace_dir):
             if directory is not None:
@@ -248,7 +242,7 @@ class Ranks:
             done[r] = RankOutput(r, RankStatus.HUNG, stdout=ar.stdout or "", stderr=ar.stderr or "",
                                  where=self._where(r))
         run = CellRun([done[r] for r in targets], timeout_s)
-        self._remember_stubs(code, run)
+        self._unwritten.after_run(code, (o.unwritten for o in run.outputs))
         if run.broke_the_group:
             self.state = RanksState.BROKEN
             self.broken_because = run.failures()
@@ -308,32 +302,10 @@ class Ranks:
             return view.pull(name, block=False).get(timeout=self.timeout_s if timeout_s is None else timeout_s)
         except RemoteError as err:
             errors = err.elist if isinstance(err, CompositeError) else [(err.ename, err.evalue)]
-            why = self._from_unwritten(*errors[0][:2]) if all(e[0] == "NameError" for e in errors) else None
+            why = self._unwritten.explain(*errors[0][:2]) if all(e[0] == "NameError" for e in errors) else None
             if why is None:
                 raise
             raise RanksFailed(why) from None
-
-    # -- [Note: a name an unwritten exercise would define] ----------------------------------------------------
-    def _remember_stubs(self, code: str, run: CellRun) -> None:
-        """Forget the stubs of this cell's earlier runs; remember its stub if it raised one now."""
-        lines = _other_lines(code)
-        self._unwritten = [(cell, stub) for cell, stub in self._unwritten if not cell <= lines]
-        stub = next((o.unwritten for o in run.outputs if o.unwritten is not None), None)
-        if stub is not None:
-            self._unwritten.append((lines, stub))
-
-    def _from_unwritten(self, ename: str, evalue: str) -> Optional[str]:
-        """What a rank's NameError means while an exercise above is not written yet; None when none is."""
-        found = re.search(r"name '(\w+)' is not defined", str(evalue)) if ename == "NameError" else None
-        if not (found and self._unwritten):
-            return None
-        stubs = list(dict.fromkeys(stub or "its stub raises NotImplementedError" for _, stub in self._unwritten))
-        said = "; ".join(f'"{stub}"' for stub in stubs)
-        if len(stubs) == 1:
-            return (f"not written yet: {found.group(1)} comes from the exercise above that is not written yet "
-                    f"({said}); write it and run that cell first")
-        return (f"not written yet: {found.group(1)} comes from one of the exercises above that are not written yet "
-                f"({said}); write them and run their cells first")
 
     def push(self, **values) -> None:
         """Set names in every rank's namespace (the values must pickle)."""
@@ -377,7 +349,7 @@ class Ranks:
             refusal = engine.ExitRefused(rank)  # exit()/quit() would end the engine: refuse them by name
             self._client[eid].push({"rank": rank, "world_size": self.n, "trace_dir": trace_dir, "exit": refusal,
                                     "quit": refusal}, block=True)
-        self._unwritten = []  # fresh namespaces ([Note: a name an unwritten exercise would define])
+        self._unwritten.forget_all()  # fresh namespaces
         self.state = RanksState.READY
         self.startup_s = time.monotonic() - began
 
@@ -450,8 +422,8 @@ class Ranks:
                 return RankOutput(rank, RankStatus.RAISED, stdout, stderr,
                                   error=f"not written yet: {err.evalue}" if err.evalue else "not written yet",
                                   unwritten=str(err.evalue or ""))
-            unwritten = self._from_unwritten(err.ename, err.evalue)
-            if unwritten:  # [Note: a name an unwritten exercise would define]
+            unwritten = self._unwritten.explain(err.ename, err.evalue)
+            if unwritten:  # [Note: a name an unwritten exercise would define] in unwritten.py
                 return RankOutput(rank, RankStatus.RAISED, stdout, stderr, error=unwritten)
             if "init_process_group" in str(err.evalue):  # the cell's group is gone: re-initialising is not the way
                 message = (f"{err.ename}: rank {rank} has no process group any more (did a cell call "
@@ -504,13 +476,6 @@ class Ranks:
 GROUP_BREAKING = frozenset({"CollectiveFailed", "DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
 
 _RESTART = "run live_ranks.restart() (the handle live.start() returned) for fresh ranks"
-
-
-def _other_lines(code: str) -> frozenset:
-    """A cell's lines but a stub's `raise NotImplementedError(...)`, stripped: what stays when the learner writes
-    the exercise in place of the stub."""
-    lines = (line.strip() for line in code.splitlines())
-    return frozenset(line for line in lines if line and not line.startswith("raise NotImplementedError"))
 
 
 def check_timeout(name: str, value) -> None:
