@@ -33,7 +33,7 @@ def not_provided(name: str):
     return staticmethod(refuse)
 
 
-_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"  # the module whose calls both fsdp1 seams recognise
 
 
 def refuse_dcp_optimizer_state(caller) -> None:
@@ -57,7 +57,7 @@ def refuse_dcp_optimizer_state(caller) -> None:
     gathered or loaded. The message names what works. The model alone is fine: get_model_state_dict gives
     DTensor pieces as torch's FSDP1 gives ShardedTensor ([Note: DCP's get_model_state_dict] in state_dict.py)."""
     frame = caller
-    while frame is not None and frame.f_globals.get("__name__") == _DCP_STATE_DICT:
+    while frame is not None and frame.f_globals.get("__name__") == DCP_STATE_DICT:
         if frame.f_code.co_name == "_verify_options" and frame.f_locals.get("optims"):
             raise NotImplementedError(
                 "torch.distributed.checkpoint.state_dict cannot save or load an fsdp_lab FSDP optimizer: torch's "

@@ -33,6 +33,7 @@ import torch
 
 from fsdp_lab.runtime.core.strategy import coerce_enum
 from fsdp_lab.runtime.fsdp1.nesting import plain_name
+from fsdp_lab.runtime.fsdp1.not_provided import DCP_STATE_DICT
 from fsdp_lab.runtime.fsdp1.summon import gather_master, put_back, register_full_params, settle, summon_full_params
 
 
@@ -136,9 +137,6 @@ def shard_dim0(tensor: torch.Tensor, mesh, rank: int, world_size: int, offload: 
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=tensor.shape, stride=tensor.stride())
 
 
-_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
-
-
 def settings_for(instance, caller) -> StateDictSettings:
     """The settings instance.state_dict() follows when `caller` (its caller's frame) called it.
 
@@ -156,7 +154,7 @@ def settings_for(instance, caller) -> StateDictSettings:
     _HYBRID_SHARD_ZERO2) SHARDED_STATE_DICT is refused here, so DCP gets the full state dict there as before.
     set_model_state_dict needs nothing of this: load_state_dict takes DTensors and full tensors alike."""
     settings = instance._state_dict_settings
-    if caller.f_code.co_name != "_get_model_state_dict" or caller.f_globals.get("__name__") != _DCP_STATE_DICT:
+    if caller.f_code.co_name != "_get_model_state_dict" or caller.f_globals.get("__name__") != DCP_STATE_DICT:
         return settings
     info = caller.f_locals.get("info")
     if info is None or not hasattr(info, "full_state_dict"):
