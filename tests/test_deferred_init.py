@@ -100,7 +100,8 @@ def test_sync_module_states_gives_rank0s_weights_as_torch(ranks, rank, others):
 
 
 def test_sync_module_states_on_a_meta_rank_never_holds_the_model(ranks):
-    """One unit is materialised and broadcast at a time: the meta rank's peak stays within the bound."""
+    """One unit is materialised and broadcast at a time: the meta rank's peak stays within the bound (the least of
+    three wraps: [Note: a broadcast's tensor outlives the call] in tests/ranks_deferred_init.py)."""
     meta_rank = facts(ranks, "sync_states", 1)["meta_peak"]
     assert meta_rank["peak"] <= meta_rank["final"] + meta_rank["unit"], meta_rank
     assert facts(ranks, "sync_states", 0)["meta_peak"]["peak"] > meta_rank["peak"], "rank 0 holds the real model"
