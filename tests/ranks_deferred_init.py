@@ -211,24 +211,26 @@ def sync_states(rank, world_size):
     out = {"plain_state": {k: v.clone() for k, v in real_gpt(0).state_dict().items()}}
     for lib in ("torch", "fsdp_lab"):
         for others in ("random", "meta"):
-            kwargs = {}
-            if rank == 0:
-                model = real_gpt(0)
-            elif others == "random":
-                model = real_gpt(10 + rank)
-            else:
-                model, kwargs = meta_gpt(), {"param_init_fn": init_fn}
-            with StoragePeak() as counter:
-                wrapped = fsdp(lib, model, sync_module_states=True, **kwargs)
-                peak, final = counter.peak, counter.settled()
+            model, kwargs = _sync_model(rank, others)
+            wrapped, counted = _counted_sync_wrap(lib, model, kwargs)
             out[f"{lib}_{others}_state"] = full_state(wrapped)
             out[f"{lib}_{others}_losses"] = train(wrapped, rank, world_size)
             if lib == "fsdp_lab" and others == "meta":
-                out["meta_peak"] = {"peak": peak, "final": final, "unit": unit_unsharded_bytes(wrapped)}
+                out["meta_peak"] = {**counted, "unit": unit_unsharded_bytes(wrapped)}
             del model, wrapped
-    out["meta_peak"] = min([out["meta_peak"], *(_sync_wrap_peak(rank) for _ in range(2))], key=lambda p: p["peak"])
+    # [Note: a broadcast's tensor outlives the call]
+    out["meta_peak"] = min([out["meta_peak"], _meta_peak(rank), _meta_peak(rank)], key=lambda p: p["peak"])
     out["plain_losses"] = one_process(out["plain_state"])
     return out
+
+
+def _sync_model(rank: int, others: str) -> tuple[GPT, dict]:
+    """What each rank builds before wrapping with sync_module_states, and the FSDP keywords it needs."""
+    if rank == 0:
+        return real_gpt(0), {}
+    if others == "random":
+        return real_gpt(10 + rank), {}
+    return meta_gpt(), {"param_init_fn": init_fn}
 
 
 # [Note: a broadcast's tensor outlives the call] gloo runs a collective on a worker thread, which still holds the
@@ -237,12 +239,18 @@ def sync_states(rank, world_size):
 # broadcast, and then the counter sees that parameter alive one step longer than the runtime keeps it: once,
 # the meta rank's peak came out one 128 x 32 weight (16 KiB) above its usual figure. That can only add bytes, so
 # the meta-rank test takes the least peak of three wraps of the same meta model, each rank's own.
-def _sync_wrap_peak(rank: int) -> dict:
-    model, kwargs = (real_gpt(0), {}) if rank == 0 else (meta_gpt(), {"param_init_fn": init_fn})
+def _meta_peak(rank: int) -> dict:
+    """fsdp_lab's sync_module_states wrap of the meta case once more, counted, without training."""
+    wrapped, counted = _counted_sync_wrap("fsdp_lab", *_sync_model(rank, "meta"))
+    return {**counted, "unit": unit_unsharded_bytes(wrapped)}
+
+
+def _counted_sync_wrap(lib: str, model, kwargs: dict):
+    """(the wrapped model, {peak, final}: the bytes counted while it was wrapped, and once it settled)."""
     with StoragePeak() as counter:
-        wrapped = fsdp("fsdp_lab", model, sync_module_states=True, **kwargs)
+        wrapped = fsdp(lib, model, sync_module_states=True, **kwargs)
         peak, final = counter.peak, counter.settled()
-    return {"peak": peak, "final": final, "unit": unit_unsharded_bytes(wrapped)}
+    return wrapped, {"peak": peak, "final": final}
 
 
 def _ignored_run(lib, rank, world_size, how):
