@@ -124,9 +124,12 @@ class UnshardedViews:
         return cache[1]
 
     def _split_views(self, sizes: list, picks: list, shapes: list) -> list[torch.Tensor]:
-        """The views of `full` a layout's views() returns: split by `sizes`, piece picks[i] viewed as shapes[i]."""
+        """The views of `full` a layout's views() returns: split by `sizes`, piece picks[i] viewed as shapes[i].
+        A 1-D parameter is its piece as the split cut it: a second view of the same shape would cost one more
+        autograd node per parameter per forward (a model's biases and norm weights are most of its parameters)."""
         parts = torch.split_with_sizes(self.full, sizes)
-        return [parts[i].view(*shape) if shape else parts[i].view(shape) for i, shape in zip(picks, shapes)]
+        return [parts[i] if len(shape) == 1 else parts[i].view(*shape) if shape else parts[i].view(shape)
+                for i, shape in zip(picks, shapes)]
 
     def install_views(self, reuse: bool = False) -> None:
         """Point every original attribute at its view of `full`; while freed, at an empty placeholder.

@@ -195,7 +195,6 @@ class ParamGroup(UnshardedViews):
                            for s, shape in zip(slots, self._local_shapes)]
         self._shard_sizes = [s.shard_numel for s in slots]
         self._sources_cache = self._targets_cache = None  # [Note: copy-in without per-step views]
-        self._send_templates = None  # store_shard_grad's: meta tensors shaped as the send buffer's pieces
         # The sources as made, views of the master: while _sources() still returns this list, nothing replaced them
         self._master_sources = self._sources() if self._master is not None else None
         # The unsharded buffer, parameter-major ([Note: copy-in, copy-out]); allocated only while unsharded.
@@ -395,14 +394,14 @@ class ParamGroup(UnshardedViews):
             out = self.placement.to_home(out)
         if out.dtype != self.master_dtype:
             out = out.to(self.master_dtype)
-        if self._send_templates is None:  # the send buffer's layout: (held rows, padding) per parameter
-            shapes = {pick: shape for _slot, shape, pick in self._grad_plan if pick is not None}
-            self._send_templates = [torch.empty(shapes.get(i, (size,)), device="meta")
-                                    for i, size in enumerate(self._send_sizes)]
-        # Every piece cut and shaped in one call (a narrow and a view each, in C++): no autograd runs here.
-        parts = torch._C._nn.unflatten_dense_tensors(out, self._send_templates)
+        # One split cuts every piece (the send buffer's layout: held rows, then padding, per parameter); only a
+        # parameter of more than one dim needs a view on top ([Note: copy-in, copy-out]).
+        parts = torch.split_with_sizes(out, self._send_sizes)
         for slot, shape, pick in self._grad_plan:
-            local = parts[pick] if pick is not None else out[:0].view(shape)
+            if pick is None:
+                local = out[:0].view(shape)
+            else:
+                local = parts[pick] if len(shape) == 1 else parts[pick].view(shape)
             module, attr, _name = slot.aliases[0]
             param = module._parameters[attr]
             if not param.requires_grad:  # frozen after fully_shard ([Note: requires_grad after fully_shard])
