@@ -28,7 +28,9 @@ run.
 [Note: the optimizer's share] Each step is also timed from the end of backward to the end of `zero_grad` (the
 optimizer's part), so the report can say how much of a setup's ratio its optimizer step alone takes: the
 `floor` is the ratio the setup would have if its hooks and collectives cost nothing, (plain − plain's optimizer
-part + the setup's optimizer part) / plain, per round. fully_shard's parameters are DTensors, one per parameter
+part + the setup's optimizer part) / plain, per round. Beside fsdp2, the same split is made of the host addition:
+(the setup's optimizer part − plain's) / (fsdp2 − plain) is the optimizer step's share of the addition, and what
+is left of the addition is the hooks' and their collectives' (with what they add to autograd). fully_shard's parameters are DTensors, one per parameter
 as torch's are, so AdamW dispatches every foreach op through DTensor; the flat layout steps one tensor per unit.
 """
 from __future__ import annotations
@@ -134,6 +136,10 @@ def summarize(per_round: dict, setups: list[str], version: str) -> dict:
                 out[mode]["addition_vs_fsdp2"] = round(statistics.median(fractions["wall"]), 3)
                 out[mode]["cpu_addition_vs_fsdp2"] = round(statistics.median(fractions["cpu"]), 3)
                 out[mode]["per_round_additions_vs_fsdp2"] = [round(f, 3) for f in fractions["wall"]]
+        for mode in setups:  # [Note: the optimizer's share]: of the addition, the optimizer step's part
+            out[mode]["optimizer_addition_vs_fsdp2"] = round(statistics.median(
+                (r["optimizer"] - p["optimizer"]) / (t["wall"] - p["wall"])
+                for r, t, p in zip(per_round[(version, mode)], theirs, plain)), 3)
     return out
 
 
@@ -201,6 +207,10 @@ def main(argv=None) -> int:
                 if args.baseline else "")
         print(f"{mode:<22} host addition {row['addition_vs_fsdp2']:.3f} of fsdp2's (CPU time "
               f"{row['cpu_addition_vs_fsdp2']:.3f}){base}{bar}", file=sys.stderr)
+        theirs = result["this_checkout"]["fsdp2"]["optimizer_addition_vs_fsdp2"]
+        print(f"{'':<22} of which the optimizer step {row['optimizer_addition_vs_fsdp2']:.3f} (fsdp2's own: "
+              f"{theirs:.3f}), the hooks and what they add to autograd "
+              f"{row['addition_vs_fsdp2'] - row['optimizer_addition_vs_fsdp2']:.3f}", file=sys.stderr)
     print(f"{'plain':<22} {result['this_checkout']['plain_step_ms']:7.2f} ms, optimizer step + zero_grad "
           f"{result['this_checkout']['plain_optimizer_ms']:.2f} ms", file=sys.stderr)
     print(f"load average (1 min) at the end: {result['load_average_1min']}", file=sys.stderr)
