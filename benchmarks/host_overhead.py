@@ -28,10 +28,11 @@ run.
 [Note: the optimizer's share] Each step is also timed from the end of backward to the end of `zero_grad` (the
 optimizer's part), so the report can say how much of a setup's ratio its optimizer step alone takes: the
 `floor` is the ratio the setup would have if its hooks and collectives cost nothing, (plain − plain's optimizer
-part + the setup's optimizer part) / plain, per round. Beside fsdp2, the same split is made of the host addition:
-(the setup's optimizer part − plain's) / (fsdp2 − plain) is the optimizer step's share of the addition, and what
-is left of the addition is the hooks' and their collectives' (with what they add to autograd). fully_shard's parameters are DTensors, one per parameter
-as torch's are, so AdamW dispatches every foreach op through DTensor; the flat layout steps one tensor per unit.
+part + the setup's optimizer part) / plain, per round. Beside fsdp2, the host addition is split the same way:
+(the setup's optimizer part − plain's) / (fsdp2 − plain) is the optimizer step's share of it, and the rest is the
+hooks' (with the autograd nodes they add; at world size 1 no collective runs). fully_shard's parameters are
+DTensors, one per parameter as torch's are, so AdamW dispatches every foreach op through DTensor; the flat layout
+steps one tensor per unit.
 """
 from __future__ import annotations
 
