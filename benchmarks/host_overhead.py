@@ -4,10 +4,13 @@
     PYTHONPATH=. python3 benchmarks/host_overhead.py                        # both front ends against plain
     PYTHONPATH=. python3 benchmarks/host_overhead.py --rounds 30 --steps 8
     PYTHONPATH=. python3 benchmarks/host_overhead.py --baseline 1d4fc31     # and the same at an earlier commit
+    PYTHONPATH=. python3 benchmarks/host_overhead.py --setup fsdp_lab_fully_shard fully_shard_floor fsdp2
 
 World size 1 on CPU (gloo), 24 GPT blocks of width 16: compute is negligible, so a step's time is host time
 (Python, hooks, dispatch). What a step is, and each setup, is fsdp_lab/bench/setups.py's (`--setup` picks
-them: fsdp_lab is the FSDP1 wrapper, fsdp_lab_fully_shard the FSDP2 front end, fsdp2 torch's own).
+them: fsdp_lab is the FSDP1 wrapper, fsdp_lab_fully_shard the FSDP2 front end, fsdp2 torch's own;
+fully_shard_floor is fsdp_lab_fully_shard with its hooks cut to the bare tensor operations of
+benchmarks/hook_floor.py, [Note: the hooks' floor] there).
 
 [Note: the host-overhead ratio] One worker process builds every setup and plain training on the same weights and
 batch. A round runs `--steps` cycles of one step of every setup (so the steps compared are neighbours in time,
@@ -37,6 +40,7 @@ steps one tensor per unit.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -51,6 +55,8 @@ BAR = 1.2
 ADDITION_BAR = 0.25  # fully_shard's host addition / torch fsdp2's ([Note: the host addition against torch's])
 ADDITION_BARRED = ("fsdp_lab_fully_shard",)
 FRONT_ENDS = ("fsdp_lab", "fsdp_lab_fully_shard")
+FLOOR = "fully_shard_floor"  # fully_shard with bare hooks ([Note: the hooks' floor] in hook_floor.py): no bar
+ADDED = (*FRONT_ENDS, FLOOR)  # the setups whose host addition is compared with fsdp2's
 
 
 def worker(setups: list[str]) -> None:
@@ -67,8 +73,12 @@ def worker(setups: list[str]) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     cfg = GPTConfig(vocab_size=256, block_size=32, n_layer=24, n_head=2, n_embd=16)
     device = torch.device("cpu")
-    runners = {mode: build_runner(mode, cfg, device, "foreach", 1e-3) for mode in (*setups, "plain")}
+    runners = {mode: build_runner("fsdp_lab_fully_shard" if mode == FLOOR else mode, cfg, device, "foreach", 1e-3)
+               for mode in (*setups, "plain")}
     x, y = batch_for_step(cfg, 0, 2, 32)
+    if FLOOR in runners:
+        runners[FLOOR].step(x, y)  # the first step finds the root; then the hooks are swapped
+        _hook_floor().install(runners[FLOOR].model)
     for runner in runners.values():
         for _ in range(3):
             runner.step(x, y)
@@ -92,6 +102,13 @@ def worker(setups: list[str]) -> None:
                 times[mode]["optimizer"].append(w1 - backward_done[0])
         print(json.dumps(times), flush=True)
     dist.destroy_process_group()
+
+
+def _hook_floor():
+    spec = importlib.util.spec_from_file_location("hook_floor", Path(__file__).with_name("hook_floor.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def start(pythonpath: str, setups: list[str]) -> tuple[subprocess.Popen, str]:
@@ -131,7 +148,7 @@ def summarize(per_round: dict, setups: list[str], version: str) -> dict:
     if "fsdp2" in setups:  # [Note: the host addition against torch's]
         theirs = per_round[(version, "fsdp2")]
         for mode in setups:
-            if mode in FRONT_ENDS:
+            if mode in ADDED:
                 fractions = {k: [(r[k] - p[k]) / (t[k] - p[k]) for r, t, p in
                                  zip(per_round[(version, mode)], theirs, plain)] for k in ("wall", "cpu")}
                 out[mode]["addition_vs_fsdp2"] = round(statistics.median(fractions["wall"]), 3)
@@ -200,10 +217,12 @@ def main(argv=None) -> int:
               f"x{row['cpu_ratio_vs_plain']:.3f}){base}  bar <= {BAR}: {verdict}", file=sys.stderr)
         print(f"{'':<22} optimizer step + zero_grad {row['optimizer_ms']:.2f} ms: with free hooks the ratio would "
               f"be x{row['floor_ratio_vs_plain']:.3f}", file=sys.stderr)
-    for mode in (m for m in args.setup if m in FRONT_ENDS and "fsdp2" in args.setup):
+    for mode in (m for m in args.setup if m in ADDED and "fsdp2" in args.setup):
         row = result["this_checkout"][mode]
         bar = (f"  bar <= {ADDITION_BAR}: {'holds' if row['addition_vs_fsdp2'] <= ADDITION_BAR else 'MISSED'}"
                if mode in ADDITION_BARRED else "  no bar")
+        if mode == FLOOR:
+            bar = "  (fully_shard's hooks as bare tensor operations, benchmarks/hook_floor.py)"
         base = (f", at {args.baseline}: {result['baseline'][mode]['addition_vs_fsdp2']:.3f}"
                 if args.baseline else "")
         print(f"{mode:<22} host addition {row['addition_vs_fsdp2']:.3f} of fsdp2's (CPU time "
