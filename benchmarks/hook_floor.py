@@ -9,14 +9,16 @@ whose first step has run, each unit's hooks for these bare ones:
                    size 1); cut the views (one split) and set them on the modules; cast the inputs
     post-forward   hook the output for backward; free `full` and drop the views (not the root's); cast the output
     pre-backward   once per unit: gather again if freed, set the forward's views again
-    gradient ready cast the gradient to fp32, cut it into one DTensor gradient per parameter (or add to the one
-                   there), free `full`, drop the views
+    gradient ready cast the gradient to the reduce dtype, cut it into one DTensor gradient per parameter (or
+                   add to the one there), free `full`, drop the views
 Left out is everything else a complete runtime runs every step: the state machine and its misuse checks, the
 trace and the collective log, per-unit options (reshard, prefetch, gradient sync, divide factors, hooks),
 prefetch, the end-of-backward callback's work, tied and replaced parameters, offload, frozen groups. What stays
 is what fsdp_lab's layout must do whatever is built around it, so a real fully_shard's host addition cannot go
-below this one's; the probe trains to the real one's losses (tests/test_hook_floor.py). Only for world size 1,
-fully_shard's default options and models whose units return one tensor: install() refuses anything else.
+below this one's; the probe trains to the real one's losses (tests/test_hook_floor.py). It models world size 1,
+one module per fully_shard call, trainable groups over fully_shard's own master buffers, fully_shard's defaults
+(no FSDPModule.set_* setting that changes a reduction, a free or the re-gather) and units that return one tensor:
+install() and the hooks refuse anything else by name.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from torch.autograd import Variable
 from torch.distributed.tensor import DTensor
 
 from fsdp_lab.runtime.core.misuse import eager_hook
+from fsdp_lab.runtime.core.reduction import ReduceOptions
 from fsdp_lab.runtime.core.unit import UnitState
 from fsdp_lab.runtime.fsdp2.fully_shard import FSDPModule
 
@@ -51,9 +54,15 @@ def _check(state) -> None:
     unit, ctx = state.unit, state.ctx
     if state.root is None:
         raise ValueError("hook_floor.install: run one step first (the root is found at the first forward)")
-    if ctx.world_size != 1 or len(unit.hook_handles) != 2 or ctx.tracer is not None:
-        raise ValueError(f"hook_floor.install: world size 1, one module per fully_shard call and no tracer only "
-                         f"(world size {ctx.world_size}, {len(unit.hook_handles)} hooks on unit {unit.name!r})")
+    if ctx.world_size != 1 or len(unit.hook_handles) != 2 or ctx.tracer is not None or \
+            unit.post_forward_group is not None:
+        raise ValueError(f"hook_floor.install: world size 1, one module per fully_shard call, no tracer and a "
+                         f"boolean reshard_after_forward only (world size {ctx.world_size}, "
+                         f"{len(unit.hook_handles)} hooks on unit {unit.name!r})")
+    if not (unit.reshard_after_backward and unit.requires_gradient_sync and unit.unshard_in_backward
+            and unit.reduce_options == ReduceOptions()):
+        raise ValueError(f"hook_floor.install: unit {unit.name!r} has FSDPModule.set_* settings the floor does not "
+                         f"model")
     for group in unit.flats:
         if not group.requires_grad or not group.copies_master():
             raise ValueError(f"hook_floor.install: unit {unit.name!r} has a frozen group or replaced parameters")
@@ -92,6 +101,8 @@ def _pre_forward(state, module, args, kwargs):
 
 def _post_forward(state, module, args, output):
     unit = state.unit
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"hook_floor: unit {unit.name!r} returned {type(output).__name__}, not one tensor")
     output.register_hook(unit._pre_backward_hook)
     unit._backward_started = False
     if unit.frees_after_forward:

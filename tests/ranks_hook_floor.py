@@ -46,9 +46,13 @@ def floor_against_fully_shard(rank: int, world_size: int, steps: int) -> dict:
                 Unit.gather = original
     same = all(torch.equal(p.to_local(), q.to_local()) for p, q in zip(real.model.parameters(),
                                                                        bare.model.parameters()))
-    refused = ""
-    try:
-        floor.install(build_runner("fsdp_lab_fully_shard", cfg, torch.device("cpu"), "foreach", 1e-2).model)
-    except ValueError as err:  # no step yet: the root is not known
-        refused = str(err)
+    refused = []
+    fresh = build_runner("fsdp_lab_fully_shard", cfg, torch.device("cpu"), "foreach", 1e-2)
+    for prepare in (lambda: None,  # no step yet: the root is not known
+                    lambda: (fresh.step(x, y), fresh.model.set_requires_gradient_sync(False))):  # not modelled
+        prepare()
+        try:
+            floor.install(fresh.model)
+        except ValueError as err:
+            refused.append(str(err))
     return {"losses": losses, "same_parameters": same, "gathers": gathers, "refused": refused}

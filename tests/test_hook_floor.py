@@ -23,7 +23,8 @@ def test_the_bare_hooks_train_exactly_as_fully_shard_s_own():
     assert len(real) == 5 and real == bare, out  # bit for bit: the same tensor operations in the same order
     assert out["same_parameters"], out
     assert out["gathers"]["real"] > 0 and out["gathers"]["bare"] == 0, out  # the swapped hooks ran, not the runtime's
-    assert "run one step first" in out["refused"], out
+    first_step, settings = out["refused"]
+    assert "run one step first" in first_step and "set_* settings the floor does not model" in settings, out
 
 
 def test_host_overhead_reports_the_floor_beside_fully_shard():
